@@ -1,0 +1,37 @@
+//! The ports and the validated envelope of softcrum-jobs.
+//!
+//! Everything else in the workspace depends on this crate and on nothing else of the
+//! workspace: the worker runtime, notifications and cron see transports only through the
+//! traits defined here, and adapters implement them. It does no I/O of its own.
+//!
+//! - [`Envelope`]: `{ job_id, tenant_id, correlation_id, kind, data }`, decoded only through
+//!   the strict [`Envelope::decode`], whose errors name the field at fault.
+//! - [`QueuePort`]: publish and schedule. [`ConsumerPort`]: receive with a lease, ack, retry
+//!   at a time, defer, extend. [`QueueDepth`]: an optional capability.
+//! - [`Clock`]: time as a port, with [`ManualClock`] for tests.
+//!
+//! With the `mock` feature, every port has a [mockall] mock (`MockQueuePort`, …) for the unit
+//! tests of downstream modules.
+
+mod clock;
+mod envelope;
+mod error;
+mod id;
+mod name;
+mod queue;
+pub mod schema;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use envelope::{
+    DEFAULT_MAX_ENVELOPE_BYTES, DataError, DecodeLimits, Envelope, EnvelopeError, Field, Issue,
+    Problem,
+};
+pub use error::ErrorClass;
+pub use id::{CorrelationId, JobId, TenantId, UUID_PATTERN, UUIDV7_PATTERN, UuidError};
+pub use name::{Kind, MAX_NAME_LEN, NAME_PATTERN, NameError, QueueName, Rail};
+pub use queue::{
+    ConsumerPort, Delivery, Depth, Lease, PublishOptions, QueueDepth, QueueError, QueuePort,
+    Receipt,
+};
+#[cfg(feature = "mock")]
+pub use queue::{MockConsumerPort, MockQueueDepth, MockQueuePort};

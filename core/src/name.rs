@@ -1,0 +1,227 @@
+//! Dotted lowercase names: job kinds and queue names.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use thiserror::Error;
+
+/// The grammar of [`Kind`] and [`QueueName`]: dotted segments of `[a-z][a-z0-9_]*`. The
+/// length limit, [`MAX_NAME_LEN`], is stated separately (JSON Schema `maxLength`).
+pub const NAME_PATTERN: &str = "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$";
+
+/// The longest kind or queue name, in characters.
+pub const MAX_NAME_LEN: usize = 128;
+
+/// Why a string is not an acceptable kind or queue name.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// The empty string.
+    #[error("must not be empty")]
+    Empty,
+    /// Longer than [`MAX_NAME_LEN`].
+    #[error("is {len} characters long, over the limit of {MAX_NAME_LEN}")]
+    TooLong {
+        /// The length found, in characters.
+        len: usize,
+    },
+    /// A character outside `a-z`, `0-9`, `_` and `.`.
+    #[error("contains `{found}` at position {position}; only a-z, 0-9, `_` and `.` are allowed")]
+    BadChar {
+        /// The offending character.
+        found: char,
+        /// Its 1-based position.
+        position: usize,
+    },
+    /// A segment that is empty or does not start with a lowercase letter.
+    #[error("segment {segment} must start with a lowercase letter (found {found:?})")]
+    BadSegment {
+        /// The 1-based index of the segment.
+        segment: usize,
+        /// The segment as written (empty for `a..b`, `.a` or `a.`).
+        found: String,
+    },
+}
+
+fn check_name(s: &str) -> Result<(), NameError> {
+    if s.is_empty() {
+        return Err(NameError::Empty);
+    }
+    let len = s.chars().count();
+    if len > MAX_NAME_LEN {
+        return Err(NameError::TooLong { len });
+    }
+    if let Some((i, found)) = s
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !matches!(c, 'a'..='z' | '0'..='9' | '_' | '.'))
+    {
+        return Err(NameError::BadChar {
+            found,
+            position: i + 1,
+        });
+    }
+    for (i, segment) in s.split('.').enumerate() {
+        if !segment.starts_with(|c: char| c.is_ascii_lowercase()) {
+            return Err(NameError::BadSegment {
+                segment: i + 1,
+                found: segment.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+macro_rules! name_newtype {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Box<str>);
+
+        impl $name {
+            /// The name as written.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = NameError;
+
+            fn from_str(s: &str) -> Result<Self, NameError> {
+                check_name(s)?;
+                Ok($name(s.into()))
+            }
+        }
+
+        impl TryFrom<&str> for $name {
+            type Error = NameError;
+
+            fn try_from(s: &str) -> Result<Self, NameError> {
+                s.parse()
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({:?})", stringify!($name), &*self.0)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+name_newtype!(
+    /// What a job does, e.g. `billing.invoice_issued`: handlers are registered per kind.
+    ///
+    /// ```
+    /// use jobs_core::Kind;
+    ///
+    /// let kind: Kind = "billing.invoice_issued".parse()?;
+    /// assert_eq!(kind.as_str(), "billing.invoice_issued");
+    /// assert!("Billing.Invoice".parse::<Kind>().is_err());
+    /// # Ok::<(), jobs_core::NameError>(())
+    /// ```
+    Kind
+);
+
+name_newtype!(
+    /// Where jobs are published and consumed, e.g. `billing.invoices` or
+    /// `notif.email.transactional`.
+    ///
+    /// Taking a `&QueueName` rather than a `&str` makes an invalid queue name a compile-time
+    /// impossibility at every port. Adapters map it onto their transport's naming rules.
+    QueueName
+);
+
+/// The two notification rails of a channel. Transactional traffic always has priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rail {
+    /// Messages a user is waiting for (password resets, receipts).
+    Transactional,
+    /// Bulk sends that may wait (campaigns, digests).
+    Marketing,
+}
+
+impl Rail {
+    /// The rail's segment in a queue name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rail::Transactional => "transactional",
+            Rail::Marketing => "marketing",
+        }
+    }
+}
+
+impl QueueName {
+    /// The standard's notification queue `notif.{channel}.{rail}`.
+    ///
+    /// ```
+    /// use jobs_core::{QueueName, Rail};
+    ///
+    /// let q = QueueName::notification("email", Rail::Transactional)?;
+    /// assert_eq!(q.as_str(), "notif.email.transactional");
+    /// assert_eq!(q.notification_rail(), Some(("email", Rail::Transactional)));
+    /// # Ok::<(), jobs_core::NameError>(())
+    /// ```
+    pub fn notification(channel: &str, rail: Rail) -> Result<QueueName, NameError> {
+        if channel.contains('.') {
+            return Err(NameError::BadChar {
+                found: '.',
+                position: channel.find('.').map_or(0, |i| i + 1),
+            });
+        }
+        format!("notif.{channel}.{}", rail.as_str()).parse()
+    }
+
+    /// `notif.{channel}.transactional`.
+    pub fn transactional(channel: &str) -> Result<QueueName, NameError> {
+        QueueName::notification(channel, Rail::Transactional)
+    }
+
+    /// `notif.{channel}.marketing`.
+    pub fn marketing(channel: &str) -> Result<QueueName, NameError> {
+        QueueName::notification(channel, Rail::Marketing)
+    }
+
+    /// The channel and rail when this is a notification queue.
+    pub fn notification_rail(&self) -> Option<(&str, Rail)> {
+        let mut parts = self.0.split('.');
+        let (Some("notif"), Some(channel), Some(rail), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        let rail = match rail {
+            "transactional" => Rail::Transactional,
+            "marketing" => Rail::Marketing,
+            _ => return None,
+        };
+        Some((channel, rail))
+    }
+}

@@ -1,0 +1,329 @@
+//! The queue ports: publishing jobs, and the consuming side a worker runtime drives.
+//!
+//! Both sides are small object-safe traits so that crates hold `Arc<dyn QueuePort>` and the
+//! composition root alone decides which transport is behind it. Optional capabilities (queue
+//! depth) are traits of their own: a transport that cannot report depth simply does not
+//! implement [`QueueDepth`].
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+use crate::envelope::Envelope;
+use crate::error::ErrorClass;
+use crate::name::QueueName;
+
+/// How a job is published.
+///
+/// ```
+/// use jobs_core::PublishOptions;
+/// use std::time::Duration;
+///
+/// let opts = PublishOptions::default().delay(Duration::from_secs(60)).dedup_key("invoice-42");
+/// assert_eq!(opts.delay_value(), Some(Duration::from_secs(60)));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishOptions {
+    delay: Option<Duration>,
+    dedup_key: Option<String>,
+}
+
+impl PublishOptions {
+    /// Delivers the job no earlier than `delay` from now.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// Overrides the deduplication key (by default the job id): a second publish with the same
+    /// key within the transport's window is dropped and answered with the first receipt.
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+        self.dedup_key = Some(key.into());
+        self
+    }
+
+    /// The requested delay, if any.
+    pub fn delay_value(&self) -> Option<Duration> {
+        self.delay
+    }
+
+    /// The deduplication key for `envelope`: the one set, or the job id.
+    pub fn dedup_key_for<'a, T>(&'a self, envelope: &Envelope<T>) -> Cow<'a, str> {
+        match &self.dedup_key {
+            Some(key) => Cow::Borrowed(key),
+            None => Cow::Owned(envelope.job_id.to_string()),
+        }
+    }
+}
+
+/// What a transport answered to a publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Receipt {
+    /// The transport's message id, when it gives one (Vercel's "deferred" answer does not).
+    pub message_id: Option<String>,
+    /// `true` when the deduplication key matched an earlier publish and nothing new was queued.
+    pub duplicate: bool,
+}
+
+impl Receipt {
+    /// A receipt for a newly queued message.
+    pub fn queued(message_id: Option<String>) -> Self {
+        Receipt {
+            message_id,
+            duplicate: false,
+        }
+    }
+
+    /// A receipt for a publish dropped as a duplicate of `message_id`.
+    pub fn duplicate_of(message_id: Option<String>) -> Self {
+        Receipt {
+            message_id,
+            duplicate: true,
+        }
+    }
+}
+
+/// Publishing jobs: the standard's `publish(queue, payload, opts)` and
+/// `schedule(queue, payload, runAt)`.
+///
+/// Delivery is at least once; consumers make it effectively once through `processed_jobs`.
+/// Implementations must be cheap to share (`Arc<dyn QueuePort>`) and safe to call
+/// concurrently.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait QueuePort: Send + Sync {
+    /// Queues `envelope` on `queue`, now or after `opts`' delay.
+    async fn publish(
+        &self,
+        queue: &QueueName,
+        envelope: &Envelope,
+        opts: PublishOptions,
+    ) -> Result<Receipt, QueueError>;
+
+    /// Queues `envelope` on `queue` for delivery at `run_at` (immediately if it is past),
+    /// deduplicated by its job id.
+    async fn schedule(
+        &self,
+        queue: &QueueName,
+        envelope: &Envelope,
+        run_at: SystemTime,
+    ) -> Result<Receipt, QueueError>;
+}
+
+/// The right to settle one delivery, held until it expires.
+///
+/// The token is opaque (a receipt handle, a row id with a fencing generation): only the
+/// transport that issued it can interpret it, and a token whose lease expired or was settled is
+/// refused with [`QueueError::LeaseLost`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct Lease {
+    queue: QueueName,
+    token: String,
+    expires_at: SystemTime,
+}
+
+impl Lease {
+    /// A lease on a message of `queue`, for transports to hand out.
+    pub fn new(queue: QueueName, token: impl Into<String>, expires_at: SystemTime) -> Self {
+        Lease {
+            queue,
+            token: token.into(),
+            expires_at,
+        }
+    }
+
+    /// The queue the message came from.
+    pub fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    /// The transport's token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// When the message becomes visible to other workers unless settled or extended.
+    pub fn expires_at(&self) -> SystemTime {
+        self.expires_at
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("queue", &self.queue.as_str())
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One delivery of a message to a worker.
+///
+/// The payload is the raw bytes as published: the runtime decodes them, and keeps them intact
+/// in the dead letter when they are poison.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Delivery {
+    /// The bytes as published.
+    pub payload: Vec<u8>,
+    /// 1 on the first delivery; counted by the transport so it survives worker restarts.
+    /// Deferrals ([`ConsumerPort::defer`]) do not count.
+    pub attempt: u32,
+    /// The transport's message id, when it has one.
+    pub message_id: Option<String>,
+    /// The right to settle this delivery.
+    pub lease: Lease,
+}
+
+impl Delivery {
+    /// A delivery, for transports to hand out.
+    pub fn new(payload: Vec<u8>, attempt: u32, message_id: Option<String>, lease: Lease) -> Self {
+        Delivery {
+            payload,
+            attempt,
+            message_id,
+            lease,
+        }
+    }
+
+    /// The queue the message came from.
+    pub fn queue(&self) -> &QueueName {
+        self.lease.queue()
+    }
+}
+
+/// The consuming side of a transport, as the worker runtime drives it.
+///
+/// Pull transports implement it directly. Push transports (an HTTP callback per message)
+/// implement it over the one delivery a request carries, turning the runtime's settlement into
+/// the HTTP answer. Every settlement must be made while the lease is held; a message whose lease
+/// expires unsettled is delivered again, which the idempotent runtime then skips or retries.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait ConsumerPort: Send + Sync {
+    /// Leases up to `max` ready messages of `queue` for `lease` each. An empty answer means
+    /// nothing is ready now; it never waits for messages to arrive.
+    async fn receive(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError>;
+
+    /// Settles the delivery for good: the message is never delivered again.
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError>;
+
+    /// Releases the message for another attempt at `at`; the next delivery counts one attempt
+    /// more.
+    async fn retry_at(&self, lease: &Lease, at: SystemTime) -> Result<(), QueueError>;
+
+    /// Releases the message until `until` without spending an attempt (rate limited, not
+    /// failed): the next delivery carries the same attempt number.
+    async fn defer(&self, lease: &Lease, until: SystemTime) -> Result<(), QueueError>;
+
+    /// Keeps the message invisible for `by` from now, for handlers that outlive their lease.
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError>;
+}
+
+/// How many messages a queue holds, for priority decisions and operators.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Depth {
+    /// Ready for delivery now.
+    pub ready: u64,
+    /// Waiting for their delay or retry time.
+    pub delayed: u64,
+    /// Leased to a worker and not yet settled.
+    pub in_flight: u64,
+}
+
+impl Depth {
+    /// A depth, for transports to report.
+    pub fn new(ready: u64, delayed: u64, in_flight: u64) -> Self {
+        Depth {
+            ready,
+            delayed,
+            in_flight,
+        }
+    }
+
+    /// Work waiting now or under way: `ready + in_flight`.
+    pub fn pending(&self) -> u64 {
+        self.ready + self.in_flight
+    }
+
+    /// Every message not yet acked.
+    pub fn total(&self) -> u64 {
+        self.ready + self.delayed + self.in_flight
+    }
+}
+
+/// The capability of reporting queue depth, for the transports whose engine knows it.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait QueueDepth: Send + Sync {
+    /// The depth of `queue` now (zero for a queue never used).
+    async fn depth(&self, queue: &QueueName) -> Result<Depth, QueueError>;
+}
+
+/// A failure of a queue port.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// The lease expired, was settled already, or passed to another worker: this worker must
+    /// not settle the message. It is delivered again (or was settled) elsewhere.
+    #[error("lease on `{queue}` is no longer held (expired, already settled, or taken over)")]
+    LeaseLost {
+        /// The queue of the message.
+        queue: QueueName,
+    },
+    /// The transport refused the request and will refuse it again (invalid, unauthorised,
+    /// too large, beyond retention).
+    #[error("`{queue}` refused the request: {reason}")]
+    Rejected {
+        /// The queue concerned.
+        queue: QueueName,
+        /// The transport's explanation.
+        reason: String,
+    },
+    /// The transport asked us to slow down.
+    #[error("`{queue}` is rate limited{}", retry_after.map(|d| format!("; retry after {d:?}")).unwrap_or_default())]
+    RateLimited {
+        /// The queue concerned.
+        queue: QueueName,
+        /// When the transport said to come back, if it said.
+        retry_after: Option<Duration>,
+    },
+    /// The transport could not be reached or failed transiently (timeouts, 5xx, I/O).
+    #[error("`{queue}` is unavailable: {message}")]
+    Unavailable {
+        /// The queue concerned.
+        queue: QueueName,
+        /// What failed.
+        message: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The envelope could not be encoded (a typed `data` that serde refuses).
+    #[error("encoding the envelope failed: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+impl QueueError {
+    /// Whether the same call may succeed later.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            QueueError::RateLimited { .. } | QueueError::Unavailable { .. } => {
+                ErrorClass::Retryable
+            }
+            QueueError::LeaseLost { .. } | QueueError::Rejected { .. } | QueueError::Encode(_) => {
+                ErrorClass::Permanent
+            }
+        }
+    }
+}
