@@ -50,6 +50,11 @@ impl PublishOptions {
         self.delay
     }
 
+    /// The deduplication key set with [`PublishOptions::dedup_key`], if any.
+    pub fn dedup_key_value(&self) -> Option<&str> {
+        self.dedup_key.as_deref()
+    }
+
     /// The deduplication key for `envelope`: the one set, or the job id.
     pub fn dedup_key_for<'a, T>(&'a self, envelope: &Envelope<T>) -> Cow<'a, str> {
         match &self.dedup_key {

@@ -1,0 +1,362 @@
+//! The in-memory queue: the embedded default transport and the test double of every other.
+//!
+//! [`MemoryQueue`] implements both sides of the queue ports with the semantics the real
+//! transports share: delayed and scheduled delivery, leases that expire and redeliver, a
+//! delivery count per message, deduplication by key within a window, and depth per queue.
+//! Time comes from a [`Clock`], so a test moves a [`jobs_core::ManualClock`] instead of
+//! sleeping. Nothing survives the process: use it for tests, demos and single-process tools.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use jobs_core::{
+    Clock, ConsumerPort, Delivery, Depth, Envelope, Lease, PublishOptions, QueueDepth, QueueError,
+    QueueName, QueuePort, Receipt, SystemClock,
+};
+
+/// How long a deduplication key is remembered by default: as long as Vercel Queues does.
+pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// An in-process queue; clones share the same queues.
+///
+/// ```
+/// use jobs_adapter_memory::MemoryQueue;
+/// use jobs_core::{ConsumerPort, Envelope, PublishOptions, QueueName, QueuePort};
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+/// let queue = MemoryQueue::default();
+/// let name: QueueName = "billing.invoices".parse()?;
+/// let envelope = Envelope::new(
+///     "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90".parse()?,
+///     "0192f0a4-8d7e-7c3b-a1f2-6e5d4c3b2a19".parse()?,
+///     "billing.invoice_issued".parse()?,
+///     serde_json::json!({"invoice": 42}),
+/// );
+/// queue.publish(&name, &envelope, PublishOptions::default()).await?;
+///
+/// let deliveries = queue.receive(&name, 10, Duration::from_secs(30)).await?;
+/// assert_eq!(deliveries.len(), 1);
+/// assert_eq!(deliveries[0].attempt, 1);
+/// queue.ack(&deliveries[0].lease).await?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryQueue {
+    state: Arc<Mutex<State>>,
+    clock: Arc<dyn Clock>,
+    dedup_window: Duration,
+}
+
+impl Default for MemoryQueue {
+    /// On the system clock, with [`DEFAULT_DEDUP_WINDOW`].
+    fn default() -> Self {
+        MemoryQueue::new(Arc::new(SystemClock))
+    }
+}
+
+impl MemoryQueue {
+    /// A queue on `clock`, with [`DEFAULT_DEDUP_WINDOW`].
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        MemoryQueue {
+            state: Arc::default(),
+            clock,
+            dedup_window: DEFAULT_DEDUP_WINDOW,
+        }
+    }
+
+    /// Remembers deduplication keys for `window` after their first publish.
+    pub fn with_dedup_window(mut self, window: Duration) -> Self {
+        self.dedup_window = window;
+        self
+    }
+
+    /// Queues raw bytes, valid envelope or not: how tests and demos inject poison messages.
+    ///
+    /// Deduplicated only when `opts` carries a key, since there is no job id to fall back on.
+    pub fn publish_bytes(
+        &self,
+        queue: &QueueName,
+        payload: Vec<u8>,
+        opts: &PublishOptions,
+    ) -> Receipt {
+        let now = self.clock.now();
+        let visible_at = now + opts.delay_value().unwrap_or_default();
+        let key = opts.dedup_key_value().map(str::to_owned);
+        self.lock()
+            .enqueue(queue, payload, key, now, visible_at, self.dedup_window)
+    }
+
+    /// The names of every queue that has held a message.
+    pub fn queue_names(&self) -> Vec<QueueName> {
+        let mut names: Vec<QueueName> = self.lock().queues.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every mutation below leaves the state consistent before it can panic.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn settle(
+        &self,
+        lease: &Lease,
+        settle: impl FnOnce(&mut Queue, u64, SystemTime),
+    ) -> Result<(), QueueError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let lost = || QueueError::LeaseLost {
+            queue: lease.queue().clone(),
+        };
+        let (id, generation) = parse_token(lease.token()).ok_or_else(lost)?;
+        let queue = state.queues.get_mut(lease.queue()).ok_or_else(lost)?;
+        match queue.messages.get(&id) {
+            Some(m) if m.leased && m.generation == generation && now < m.visible_at => {}
+            _ => return Err(lost()),
+        }
+        settle(queue, id, now);
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    queues: HashMap<QueueName, Queue>,
+    next_id: u64,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    messages: HashMap<u64, Message>,
+    /// Every unacked message by the time it (next) becomes visible: its ready time, or the
+    /// expiry of its lease.
+    visibility: BTreeSet<(SystemTime, u64)>,
+    dedup: HashMap<String, u64>,
+    /// Deduplication keys in the order they expire.
+    dedup_expiry: VecDeque<(SystemTime, String)>,
+}
+
+#[derive(Debug)]
+struct Message {
+    payload: Vec<u8>,
+    /// Deliveries so far that spent an attempt.
+    deliveries: u32,
+    visible_at: SystemTime,
+    leased: bool,
+    /// Bumped on every delivery, so a lease from an earlier delivery is refused.
+    generation: u64,
+}
+
+impl State {
+    fn enqueue(
+        &mut self,
+        name: &QueueName,
+        payload: Vec<u8>,
+        key: Option<String>,
+        now: SystemTime,
+        visible_at: SystemTime,
+        window: Duration,
+    ) -> Receipt {
+        let queue = self.queues.entry(name.clone()).or_default();
+        while let Some((expiry, _)) = queue.dedup_expiry.front() {
+            if *expiry > now {
+                break;
+            }
+            if let Some((_, key)) = queue.dedup_expiry.pop_front() {
+                queue.dedup.remove(&key);
+            }
+        }
+        if let Some(key) = &key {
+            if let Some(id) = queue.dedup.get(key) {
+                return Receipt::duplicate_of(Some(message_id(*id)));
+            }
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        if let Some(key) = key {
+            queue.dedup.insert(key.clone(), id);
+            queue.dedup_expiry.push_back((now + window, key));
+        }
+        queue.messages.insert(
+            id,
+            Message {
+                payload,
+                deliveries: 0,
+                visible_at,
+                leased: false,
+                generation: 0,
+            },
+        );
+        queue.visibility.insert((visible_at, id));
+        Receipt::queued(Some(message_id(id)))
+    }
+}
+
+impl Queue {
+    fn make_visible_at(&mut self, id: u64, at: SystemTime, leased: bool) {
+        if let Some(message) = self.messages.get_mut(&id) {
+            self.visibility.remove(&(message.visible_at, id));
+            message.visible_at = at;
+            message.leased = leased;
+            self.visibility.insert((at, id));
+        }
+    }
+}
+
+fn message_id(id: u64) -> String {
+    format!("mem-{id}")
+}
+
+fn token(id: u64, generation: u64) -> String {
+    format!("{id}.{generation}")
+}
+
+fn parse_token(token: &str) -> Option<(u64, u64)> {
+    let (id, generation) = token.split_once('.')?;
+    Some((id.parse().ok()?, generation.parse().ok()?))
+}
+
+#[async_trait]
+impl QueuePort for MemoryQueue {
+    async fn publish(
+        &self,
+        queue: &QueueName,
+        envelope: &Envelope,
+        opts: PublishOptions,
+    ) -> Result<Receipt, QueueError> {
+        let payload = envelope.to_json_bytes()?;
+        let now = self.clock.now();
+        let visible_at = now + opts.delay_value().unwrap_or_default();
+        let key = opts.dedup_key_for(envelope).into_owned();
+        Ok(self.lock().enqueue(
+            queue,
+            payload,
+            Some(key),
+            now,
+            visible_at,
+            self.dedup_window,
+        ))
+    }
+
+    async fn schedule(
+        &self,
+        queue: &QueueName,
+        envelope: &Envelope,
+        run_at: SystemTime,
+    ) -> Result<Receipt, QueueError> {
+        let payload = envelope.to_json_bytes()?;
+        let now = self.clock.now();
+        let key = envelope.job_id.to_string();
+        Ok(self.lock().enqueue(
+            queue,
+            payload,
+            Some(key),
+            now,
+            run_at.max(now),
+            self.dedup_window,
+        ))
+    }
+}
+
+#[async_trait]
+impl ConsumerPort for MemoryQueue {
+    async fn receive(
+        &self,
+        name: &QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let now = self.clock.now();
+        let expires_at = now + lease;
+        let mut state = self.lock();
+        let Some(queue) = state.queues.get_mut(name) else {
+            return Ok(vec![]);
+        };
+        let due: Vec<u64> = queue
+            .visibility
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(max)
+            .map(|(_, id)| *id)
+            .collect();
+        let mut deliveries = Vec::with_capacity(due.len());
+        for id in due {
+            queue.make_visible_at(id, expires_at, true);
+            let Some(message) = queue.messages.get_mut(&id) else {
+                continue;
+            };
+            message.deliveries += 1;
+            message.generation += 1;
+            deliveries.push(Delivery::new(
+                message.payload.clone(),
+                message.deliveries,
+                Some(message_id(id)),
+                Lease::new(name.clone(), token(id, message.generation), expires_at),
+            ));
+        }
+        Ok(deliveries)
+    }
+
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+        self.settle(lease, |queue, id, _| {
+            if let Some(message) = queue.messages.remove(&id) {
+                queue.visibility.remove(&(message.visible_at, id));
+            }
+        })
+    }
+
+    async fn retry_at(&self, lease: &Lease, at: SystemTime) -> Result<(), QueueError> {
+        self.settle(lease, |queue, id, now| {
+            queue.make_visible_at(id, at.max(now), false);
+        })
+    }
+
+    async fn defer(&self, lease: &Lease, until: SystemTime) -> Result<(), QueueError> {
+        self.settle(lease, |queue, id, now| {
+            queue.make_visible_at(id, until.max(now), false);
+            if let Some(message) = queue.messages.get_mut(&id) {
+                message.deliveries -= 1;
+            }
+        })
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
+        let mut expires_at = None;
+        self.settle(lease, |queue, id, now| {
+            queue.make_visible_at(id, now + by, true);
+            expires_at = Some(now + by);
+        })?;
+        Ok(Lease::new(
+            lease.queue().clone(),
+            lease.token(),
+            expires_at.unwrap_or_else(|| lease.expires_at()),
+        ))
+    }
+}
+
+#[async_trait]
+impl QueueDepth for MemoryQueue {
+    async fn depth(&self, name: &QueueName) -> Result<Depth, QueueError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        let Some(queue) = state.queues.get(name) else {
+            return Ok(Depth::default());
+        };
+        let (mut ready, mut delayed, mut in_flight) = (0, 0, 0);
+        for message in queue.messages.values() {
+            if message.visible_at <= now {
+                ready += 1;
+            } else if message.leased {
+                in_flight += 1;
+            } else {
+                delayed += 1;
+            }
+        }
+        Ok(Depth::new(ready, delayed, in_flight))
+    }
+}

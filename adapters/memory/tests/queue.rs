@@ -1,0 +1,158 @@
+//! The memory queue against the queue contract, and under concurrent load.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jobs_adapter_memory::MemoryQueue;
+use jobs_core::{ConsumerPort, Envelope, JobId, ManualClock, PublishOptions, QueueName, QueuePort};
+use jobs_testkit::contract::queue::{self, QueueUnderTest};
+use jobs_testkit::fixtures;
+
+#[tokio::test]
+async fn memory_queue_passes_the_queue_contract() {
+    queue::run(|| async {
+        let clock = ManualClock::default();
+        let memory = MemoryQueue::new(Arc::new(clock.clone()));
+        QueueUnderTest {
+            publisher: Arc::new(memory.clone()),
+            consumer: Arc::new(memory.clone()),
+            depth: Some(Arc::new(memory)),
+            time: Arc::new(clock),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn dedup_keys_are_forgotten_after_the_window() {
+    let clock = ManualClock::default();
+    let memory =
+        MemoryQueue::new(Arc::new(clock.clone())).with_dedup_window(Duration::from_secs(600));
+    let q: QueueName = "dedup.window".parse().expect("valid");
+    let envelope = fixtures::envelope(1, 1);
+    let first = memory
+        .publish(&q, &envelope, PublishOptions::default())
+        .await
+        .expect("publish");
+    clock.advance(Duration::from_secs(599));
+    let within = memory
+        .publish(&q, &envelope, PublishOptions::default())
+        .await
+        .expect("publish");
+    assert!(within.duplicate);
+    assert_eq!(
+        within.message_id, first.message_id,
+        "a duplicate names the original"
+    );
+    clock.advance(Duration::from_secs(2));
+    let after = memory
+        .publish(&q, &envelope, PublishOptions::default())
+        .await
+        .expect("publish");
+    assert!(
+        !after.duplicate,
+        "the key must be forgotten after the window"
+    );
+}
+
+#[tokio::test]
+async fn raw_bytes_arrive_intact() {
+    let memory = MemoryQueue::new(Arc::new(ManualClock::default()));
+    let q: QueueName = "poison.bytes".parse().expect("valid");
+    let poison = vec![0xff, 0x00, b'{', b'"'];
+    memory.publish_bytes(&q, poison.clone(), &PublishOptions::default());
+    let got = memory
+        .receive(&q, 10, Duration::from_secs(30))
+        .await
+        .expect("receive");
+    assert_eq!(got[0].payload, poison);
+}
+
+/// Eight producers and eight consumers on a multi-threaded runtime; consumers sometimes give a
+/// message back for another try. Every message must be acked exactly once and none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_producers_and_consumers_lose_and_double_nothing() {
+    const PRODUCERS: u64 = 8;
+    const PER_PRODUCER: u64 = 500;
+    let memory = MemoryQueue::default();
+    let q: QueueName = "load.test".parse().expect("valid");
+    let acked: Arc<Mutex<HashMap<JobId, u32>>> = Arc::default();
+
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let (memory, q) = (memory.clone(), q.clone());
+            tokio::spawn(async move {
+                let mut ids = vec![];
+                for n in 0..PER_PRODUCER {
+                    let envelope = fixtures::envelope(u32::try_from(p).expect("small"), n);
+                    memory
+                        .publish(&q, &envelope, PublishOptions::default())
+                        .await
+                        .expect("publish");
+                    ids.push(envelope.job_id);
+                    tokio::task::yield_now().await;
+                }
+                ids
+            })
+        })
+        .collect();
+    let consumers: Vec<_> = (0..8)
+        .map(|c| {
+            let (memory, q, acked) = (memory.clone(), q.clone(), acked.clone());
+            tokio::spawn(async move {
+                let mut idle = 0;
+                let mut turn = 0u64;
+                while idle < 200 {
+                    let batch = memory
+                        .receive(&q, 7, Duration::from_secs(60))
+                        .await
+                        .expect("receive");
+                    if batch.is_empty() {
+                        idle += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    idle = 0;
+                    for delivery in batch {
+                        turn += 1;
+                        if (turn + c) % 5 == 0 {
+                            let now = std::time::SystemTime::now();
+                            memory.retry_at(&delivery.lease, now).await.expect("retry");
+                            continue;
+                        }
+                        let id = Envelope::decode(&delivery.payload).expect("valid").job_id;
+                        memory.ack(&delivery.lease).await.expect("ack while leased");
+                        *acked.lock().expect("not poisoned").entry(id).or_default() += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+
+    let mut published = vec![];
+    for producer in producers {
+        published.extend(producer.await.expect("producer"));
+    }
+    for consumer in consumers {
+        consumer.await.expect("consumer");
+    }
+    let acked = acked.lock().expect("not poisoned");
+    assert_eq!(
+        published.len(),
+        usize::try_from(PRODUCERS * PER_PRODUCER).expect("fits")
+    );
+    for id in &published {
+        assert_eq!(
+            acked.get(id),
+            Some(&1),
+            "{id} acked {:?} times",
+            acked.get(id)
+        );
+    }
+    assert_eq!(
+        acked.len(),
+        published.len(),
+        "acked something never published"
+    );
+}
