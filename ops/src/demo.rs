@@ -54,12 +54,38 @@ pub(crate) async fn run(out: &mut impl Write) -> Result<()> {
             "notif.email_receipt".parse()?,
             json!({ "invoice": 1000 + n }),
         );
-        publish(&queue, &invoices, &invoice, PublishOptions::default(), &mut tally).await?;
+        publish(
+            &queue,
+            &invoices,
+            &invoice,
+            PublishOptions::default(),
+            &mut tally,
+        )
+        .await?;
         // A producer that retries its publish after a timeout: the job id deduplicates it.
-        publish(&queue, &invoices, &invoice, PublishOptions::default(), &mut tally).await?;
+        publish(
+            &queue,
+            &invoices,
+            &invoice,
+            PublishOptions::default(),
+            &mut tally,
+        )
+        .await?;
         let reminder = PublishOptions::default().delay(Duration::from_secs(300));
-        publish(&queue, &email, &receipt, PublishOptions::default(), &mut tally).await?;
-        let later = Envelope::new(tenant, correlation, "notif.email_reminder".parse()?, json!({}));
+        publish(
+            &queue,
+            &email,
+            &receipt,
+            PublishOptions::default(),
+            &mut tally,
+        )
+        .await?;
+        let later = Envelope::new(
+            tenant,
+            correlation,
+            "notif.email_reminder".parse()?,
+            json!({}),
+        );
         publish(&queue, &email, &later, reminder, &mut tally).await?;
     }
 
@@ -91,7 +117,10 @@ pub(crate) async fn run(out: &mut impl Write) -> Result<()> {
     }
     let lost: u32 = tally.values().map(|t| t.published - t.acked).sum();
     anyhow::ensure!(lost == 0, "{lost} published jobs were not acked");
-    writeln!(out, "\nevery job published was delivered and acked exactly once")?;
+    writeln!(
+        out,
+        "\nevery job published was delivered and acked exactly once"
+    )?;
     Ok(())
 }
 
