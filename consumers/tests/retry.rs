@@ -72,7 +72,7 @@ proptest! {
     fn the_ceiling_is_min_of_cap_and_doubling_base(policy in policy(), attempt in 1u32..100) {
         let base = policy.ceiling(1);
         let cap = policy.ceiling(200);
-        let expected = if attempt - 1 >= 32 {
+        let expected = if attempt > 32 {
             cap
         } else {
             base.checked_mul(1 << (attempt - 1)).map_or(cap, |d| d.min(cap))
