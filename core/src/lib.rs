@@ -8,11 +8,15 @@
 //!   the strict [`Envelope::decode`], whose errors name the field at fault.
 //! - [`QueuePort`]: publish and schedule. [`ConsumerPort`]: receive with a lease, ack, retry
 //!   at a time, defer, extend. [`QueueDepth`]: an optional capability.
-//! - [`Clock`]: time as a port, with [`ManualClock`] for tests.
+//! - [`WorkStore`] and [`WorkTransaction`]: the idempotent work transaction over
+//!   `core.processed_jobs`. [`DeadLetterStore`]: `core.dead_letters`. [`ProcessedJobs`]: TTL
+//!   cleanup.
+//! - [`Alerter`]: raising alerts. [`Clock`]: time as a port, with [`ManualClock`] for tests.
 //!
 //! With the `mock` feature, every port has a [mockall] mock (`MockQueuePort`, …) for the unit
 //! tests of downstream modules.
 
+mod alert;
 mod clock;
 mod envelope;
 mod error;
@@ -20,7 +24,9 @@ mod id;
 mod name;
 mod queue;
 pub mod schema;
+mod store;
 
+pub use alert::{Alert, AlertError, Alerter};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use envelope::{
     DEFAULT_MAX_ENVELOPE_BYTES, DataError, DecodeLimits, Envelope, EnvelopeError, Field, Issue,
@@ -28,10 +34,18 @@ pub use envelope::{
 };
 pub use error::ErrorClass;
 pub use id::{CorrelationId, JobId, TenantId, UUID_PATTERN, UUIDV7_PATTERN, UuidError};
-pub use name::{Kind, MAX_NAME_LEN, NAME_PATTERN, NameError, QueueName, Rail};
+pub use name::{ConsumerName, Kind, MAX_NAME_LEN, NAME_PATTERN, NameError, QueueName, Rail};
 pub use queue::{
     ConsumerPort, Delivery, Depth, Lease, PublishOptions, QueueDepth, QueueError, QueuePort,
     Receipt,
 };
 #[cfg(feature = "mock")]
+pub use alert::MockAlerter;
+#[cfg(feature = "mock")]
 pub use queue::{MockConsumerPort, MockQueueDepth, MockQueuePort};
+#[cfg(feature = "mock")]
+pub use store::{MockDeadLetterStore, MockProcessedJobs};
+pub use store::{
+    Claim, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
+    NewDeadLetter, ProcessedJobs, Recorded, StoreError, Transition, WorkStore, WorkTransaction,
+};

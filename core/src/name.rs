@@ -159,6 +159,12 @@ name_newtype!(
     QueueName
 );
 
+name_newtype!(
+    /// The name of a consumer, e.g. `billing.invoice_mailer`: with the job id, the key of
+    /// `core.processed_jobs`, so two consumers of one queue each process every job once.
+    ConsumerName
+);
+
 /// The two notification rails of a channel. Transactional traffic always has priority.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Rail {

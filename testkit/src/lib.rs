@@ -29,7 +29,10 @@ pub mod fixtures;
 ///     .returning(|_, _, _| Ok(Receipt::queued(None)));
 /// ```
 pub mod mock {
-    pub use jobs_core::{MockConsumerPort, MockQueueDepth, MockQueuePort};
+    pub use jobs_core::{
+        MockAlerter, MockConsumerPort, MockDeadLetterStore, MockProcessedJobs, MockQueueDepth,
+        MockQueuePort,
+    };
 }
 
 use std::time::{Duration, SystemTime};

@@ -1,0 +1,317 @@
+//! Stores: the work transaction that makes consumption idempotent, and the dead letters.
+//!
+//! The worker runtime opens a [`WorkTransaction`], claims `(job_id, consumer)` in
+//! `core.processed_jobs`, runs the handler with that same transaction so the handler's writes
+//! commit atomically with the claim, then commits and only then acks. A claim that finds the row
+//! already there means the job's effect is committed: the delivery is a duplicate.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+use crate::error::ErrorClass;
+use crate::id::{CorrelationId, JobId, TenantId};
+use crate::name::{ConsumerName, Kind, QueueName};
+
+/// The outcome of claiming a job inside a work transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The row is new: run the handler in this transaction.
+    Claimed,
+    /// The job's effect was committed before: skip the handler and ack.
+    AlreadyProcessed,
+}
+
+/// One unit of work: the processed-jobs claim and the handler's own writes, committed or
+/// rolled back together.
+///
+/// An engine's transaction type implements this and exposes its connection (e.g. sqlx's) to
+/// the handlers written for that engine, which receive `&mut` of it.
+#[async_trait]
+pub trait WorkTransaction: Send + 'static {
+    /// Inserts `(job_id, consumer, at)` into `core.processed_jobs` unless it is there.
+    async fn claim(
+        &mut self,
+        job_id: JobId,
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Claim, StoreError>;
+
+    /// Makes the claim and every write of the handler durable.
+    async fn commit(self) -> Result<(), StoreError>
+    where
+        Self: Sized;
+
+    /// Discards the claim and every write of the handler.
+    async fn rollback(self) -> Result<(), StoreError>
+    where
+        Self: Sized;
+}
+
+/// Where work transactions come from.
+#[async_trait]
+pub trait WorkStore: Send + Sync + 'static {
+    /// The engine's transaction, as handlers for this store receive it.
+    type Tx: WorkTransaction;
+
+    /// Opens a work transaction.
+    async fn begin(&self) -> Result<Self::Tx, StoreError>;
+}
+
+/// Housekeeping of `core.processed_jobs`.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait ProcessedJobs: Send + Sync {
+    /// Whether `(job_id, consumer)` has a committed row.
+    async fn is_processed(
+        &self,
+        job_id: JobId,
+        consumer: &ConsumerName,
+    ) -> Result<bool, StoreError>;
+
+    /// Deletes at most `batch` rows processed before `older_than`; returns how many it deleted,
+    /// so a caller loops until fewer than `batch` come back, never holding a long lock.
+    async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError>;
+}
+
+/// The review state of a dead letter. It only ever leaves `PendingReview`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeadLetterStatus {
+    /// Waiting for an operator.
+    PendingReview,
+    /// Published again to its queue.
+    Replayed,
+    /// Given up for good.
+    Discarded,
+}
+
+impl DeadLetterStatus {
+    /// The value stored in `core.dead_letters.status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterStatus::PendingReview => "pending_review",
+            DeadLetterStatus::Replayed => "replayed",
+            DeadLetterStatus::Discarded => "discarded",
+        }
+    }
+}
+
+impl fmt::Display for DeadLetterStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DeadLetterStatus {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, StoreError> {
+        match s {
+            "pending_review" => Ok(DeadLetterStatus::PendingReview),
+            "replayed" => Ok(DeadLetterStatus::Replayed),
+            "discarded" => Ok(DeadLetterStatus::Discarded),
+            other => Err(StoreError::failed(format!(
+                "unknown dead-letter status `{other}` (expected pending_review, replayed or discarded)"
+            ))),
+        }
+    }
+}
+
+/// The id of a dead letter, increasing with insertion (the pagination cursor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeadLetterId(pub i64);
+
+impl fmt::Display for DeadLetterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A dead letter to record. Fields of the envelope are `None` when the payload is too broken
+/// to yield them; the payload is always kept byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDeadLetter {
+    /// The job id, when it could be read.
+    pub job_id: Option<JobId>,
+    /// The queue the message came from.
+    pub queue: QueueName,
+    /// The tenant, when it could be read.
+    pub tenant_id: Option<TenantId>,
+    /// The kind, when it could be read.
+    pub kind: Option<Kind>,
+    /// The correlation id, when it could be read.
+    pub correlation_id: Option<CorrelationId>,
+    /// The raw bytes as delivered.
+    pub payload: Vec<u8>,
+    /// Attempts made (1 for poison).
+    pub attempts: u32,
+    /// Why it was dead-lettered, naming the field for poison.
+    pub last_error: String,
+    /// Keeps a redelivered copy from becoming a second pending dead letter: the job id when
+    /// known, else the transport's message id. `None` disables the check.
+    pub dedup_key: Option<String>,
+    /// When it was dead-lettered.
+    pub at: SystemTime,
+}
+
+/// A recorded dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// Its id.
+    pub id: DeadLetterId,
+    /// What was recorded.
+    pub letter: NewDeadLetter,
+    /// Its review state.
+    pub status: DeadLetterStatus,
+    /// When the status last changed.
+    pub updated_at: SystemTime,
+}
+
+/// The outcome of recording a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// A new pending dead letter.
+    New(DeadLetterId),
+    /// A pending dead letter with the same queue and dedup key already existed.
+    Existing(DeadLetterId),
+}
+
+impl Recorded {
+    /// The id, new or existing.
+    pub fn id(self) -> DeadLetterId {
+        match self {
+            Recorded::New(id) | Recorded::Existing(id) => id,
+        }
+    }
+}
+
+/// Which dead letters to list: all given criteria must hold. Results come in id order, after
+/// the `after` cursor, at most `limit` of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    /// Only this status.
+    pub status: Option<DeadLetterStatus>,
+    /// Only this queue.
+    pub queue: Option<QueueName>,
+    /// Only this tenant.
+    pub tenant_id: Option<TenantId>,
+    /// Only this kind.
+    pub kind: Option<Kind>,
+    /// Only ids greater than this (keyset pagination).
+    pub after: Option<DeadLetterId>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+impl Default for DeadLetterFilter {
+    /// Everything, 100 at a time.
+    fn default() -> Self {
+        DeadLetterFilter {
+            status: None,
+            queue: None,
+            tenant_id: None,
+            kind: None,
+            after: None,
+            limit: 100,
+        }
+    }
+}
+
+/// The outcome of a status change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// Moved from `PendingReview` to the target.
+    Done,
+    /// It was in the target status already: nothing to do (a repeated command).
+    AlreadyDone,
+    /// It is in another final status, which is never left.
+    Conflict(DeadLetterStatus),
+    /// No such dead letter (or not the given tenant's).
+    NotFound,
+}
+
+/// Dead letters: recorded by the runtime, reviewed, replayed or discarded by operators.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait DeadLetterStore: Send + Sync {
+    /// Records a dead letter as `PendingReview`, unless a pending one with the same queue and
+    /// dedup key exists.
+    async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError>;
+
+    /// One dead letter.
+    async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError>;
+
+    /// Dead letters matching `filter`, in id order.
+    async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// Whether a pending dead letter with this queue and dedup key exists.
+    async fn pending(
+        &self,
+        queue: &QueueName,
+        dedup_key: &str,
+    ) -> Result<Option<DeadLetterId>, StoreError>;
+
+    /// Moves a dead letter from `PendingReview` to `to`; with `tenant`, only that tenant's.
+    async fn transition(
+        &self,
+        id: DeadLetterId,
+        to: DeadLetterStatus,
+        tenant: Option<TenantId>,
+        at: SystemTime,
+    ) -> Result<Transition, StoreError>;
+}
+
+/// A store failure.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached or failed transiently (connection, timeout, deadlock,
+    /// serialization failure): the same operation may succeed later.
+    #[error("store unavailable: {message}")]
+    Unavailable {
+        /// What failed.
+        message: String,
+        /// The engine's error.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The store refused the operation and will refuse it again (constraint, schema missing,
+    /// corrupt row).
+    #[error("store operation failed: {message}")]
+    Failed {
+        /// What failed.
+        message: String,
+        /// The engine's error.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl StoreError {
+    /// A transient failure with a message.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        StoreError::Unavailable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A permanent failure with a message.
+    pub fn failed(message: impl Into<String>) -> Self {
+        StoreError::Failed {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Whether the same operation may succeed later.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            StoreError::Unavailable { .. } => ErrorClass::Retryable,
+            StoreError::Failed { .. } => ErrorClass::Permanent,
+        }
+    }
+}
