@@ -1,9 +1,24 @@
 //! The worker runtime of softcrum-jobs: idempotent, retrying, dead-lettering consumption over
 //! the `jobs-core` ports.
 //!
-//! It depends on `jobs-core` only; transports and stores are chosen by the composition root.
-//! Today it holds the retry policy; the runtime that applies it is being built.
+//! A [`Worker`] consumes one queue as one consumer. Every delivery is decoded (poison goes
+//! straight to the dead letters), claimed in `processed_jobs` inside the store's work
+//! transaction (a duplicate is acked and skipped), handled in that same transaction, committed
+//! and only then acked. Failures are retried with the [`RetryPolicy`]'s backoff; exhausted and
+//! permanent failures are dead-lettered, alerted (coalesced) and acked; a failure to record the
+//! dead letter leaves the message unacked, so nothing is lost.
+//!
+//! This crate depends on `jobs-core` only: transports, stores and alerters are chosen by the
+//! composition root.
 
+mod alerts;
+mod dead_letters;
+mod handler;
 mod retry;
+mod worker;
 
+pub use alerts::CoalescingAlerter;
+pub use dead_letters::{DeadLetters, ReplayError, Replayed};
+pub use handler::{BoxError, Handler, Job, JobError};
 pub use retry::{Backoff, PolicyError, QueuePolicy, RetryPolicy};
+pub use worker::{DeadReason, Outcome, Worker, WorkerBuilder, WorkerConfig, WorkerError};

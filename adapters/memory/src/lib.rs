@@ -1,10 +1,17 @@
-//! The in-memory queue: the embedded default transport and the test double of every other.
+//! The in-memory queue and store: the embedded default transport and the test double of every
+//! other.
 //!
 //! [`MemoryQueue`] implements both sides of the queue ports with the semantics the real
 //! transports share: delayed and scheduled delivery, leases that expire and redeliver, a
 //! delivery count per message, deduplication by key within a window, and depth per queue.
 //! Time comes from a [`Clock`], so a test moves a [`jobs_core::ManualClock`] instead of
-//! sleeping. Nothing survives the process: use it for tests, demos and single-process tools.
+//! sleeping. [`MemoryStore`] holds `processed_jobs` and dead letters with the same semantics as
+//! the SQL stores. Nothing survives the process: use them for tests, demos and single-process
+//! tools.
+
+mod store;
+
+pub use store::{MemoryStore, MemoryWorkTx};
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

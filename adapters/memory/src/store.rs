@@ -1,0 +1,283 @@
+//! The in-memory store: `processed_jobs` and dead letters with the SQL stores' semantics.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use jobs_core::{
+    Claim, ConsumerName, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
+    DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded, StoreError,
+    TenantId, Transition, WorkStore, WorkTransaction,
+};
+use tokio::sync::Notify;
+
+type ClaimKey = (JobId, ConsumerName);
+
+/// An in-process store; clones share the same data.
+///
+/// Work transactions behave like the SQL ones: a claim is invisible to others until commit,
+/// and a second transaction claiming the same job waits for the first to commit (then sees
+/// [`Claim::AlreadyProcessed`]) or roll back (then claims it). Handlers record their effects
+/// with [`MemoryWorkTx::record_effect`]; they become visible in [`MemoryStore::effects`] only on
+/// commit, which is how tests prove exactly-once effects.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    released: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    processed: HashMap<ClaimKey, SystemTime>,
+    /// Claims made by open transactions.
+    pending: HashSet<ClaimKey>,
+    effects: Vec<String>,
+    dead_letters: BTreeMap<DeadLetterId, DeadLetter>,
+    next_dead_letter: i64,
+}
+
+impl MemoryStore {
+    /// Effects committed by handlers, in commit order.
+    pub fn effects(&self) -> Vec<String> {
+        self.lock().effects.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every mutation leaves the state consistent before it could panic.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A work transaction of the [`MemoryStore`]. Dropping it without commit rolls it back.
+#[derive(Debug)]
+pub struct MemoryWorkTx {
+    store: MemoryStore,
+    claims: Vec<(ClaimKey, SystemTime)>,
+    effects: Vec<String>,
+    open: bool,
+}
+
+impl MemoryWorkTx {
+    /// Records a business effect, made visible by commit and discarded by rollback.
+    pub fn record_effect(&mut self, effect: impl Into<String>) {
+        self.effects.push(effect.into());
+    }
+
+    fn release(&mut self, commit: bool) {
+        if !self.open {
+            return;
+        }
+        self.open = false;
+        let mut state = self.store.lock();
+        for (key, at) in self.claims.drain(..) {
+            state.pending.remove(&key);
+            if commit {
+                state.processed.insert(key, at);
+            }
+        }
+        if commit {
+            state.effects.append(&mut self.effects);
+        }
+        drop(state);
+        self.store.shared.released.notify_waiters();
+    }
+}
+
+impl Drop for MemoryWorkTx {
+    fn drop(&mut self) {
+        self.release(false);
+    }
+}
+
+#[async_trait]
+impl WorkTransaction for MemoryWorkTx {
+    async fn claim(
+        &mut self,
+        job_id: JobId,
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        let key = (job_id, consumer.clone());
+        if self.claims.iter().any(|(k, _)| *k == key) {
+            return Ok(Claim::AlreadyProcessed);
+        }
+        loop {
+            let released = self.store.shared.released.notified();
+            {
+                let mut state = self.store.lock();
+                if state.processed.contains_key(&key) {
+                    return Ok(Claim::AlreadyProcessed);
+                }
+                if state.pending.insert(key.clone()) {
+                    self.claims.push((key, at));
+                    return Ok(Claim::Claimed);
+                }
+            }
+            // Another open transaction holds the claim: wait for it to commit or roll back.
+            released.await;
+        }
+    }
+
+    async fn commit(mut self) -> Result<(), StoreError> {
+        self.release(true);
+        Ok(())
+    }
+
+    async fn rollback(mut self) -> Result<(), StoreError> {
+        self.release(false);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl WorkStore for MemoryStore {
+    type Tx = MemoryWorkTx;
+
+    async fn begin(&self) -> Result<MemoryWorkTx, StoreError> {
+        Ok(MemoryWorkTx {
+            store: self.clone(),
+            claims: vec![],
+            effects: vec![],
+            open: true,
+        })
+    }
+}
+
+#[async_trait]
+impl ProcessedJobs for MemoryStore {
+    async fn is_processed(
+        &self,
+        job_id: JobId,
+        consumer: &ConsumerName,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .lock()
+            .processed
+            .contains_key(&(job_id, consumer.clone())))
+    }
+
+    async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError> {
+        let mut state = self.lock();
+        let doomed: Vec<ClaimKey> = state
+            .processed
+            .iter()
+            .filter(|(_, at)| **at < older_than)
+            .map(|(key, _)| key.clone())
+            .take(usize::try_from(batch).unwrap_or(usize::MAX))
+            .collect();
+        for key in &doomed {
+            state.processed.remove(key);
+        }
+        Ok(doomed.len() as u64)
+    }
+}
+
+fn matches(letter: &DeadLetter, filter: &DeadLetterFilter) -> bool {
+    filter.status.is_none_or(|s| letter.status == s)
+        && filter
+            .queue
+            .as_ref()
+            .is_none_or(|q| letter.letter.queue == *q)
+        && filter
+            .tenant_id
+            .is_none_or(|t| letter.letter.tenant_id == Some(t))
+        && filter
+            .kind
+            .as_ref()
+            .is_none_or(|k| letter.letter.kind.as_ref() == Some(k))
+        && filter.after.is_none_or(|after| letter.id > after)
+}
+
+fn pending_with(state: &State, queue: &QueueName, key: &str) -> Option<DeadLetterId> {
+    state
+        .dead_letters
+        .values()
+        .find(|d| {
+            d.status == DeadLetterStatus::PendingReview
+                && d.letter.queue == *queue
+                && d.letter.dedup_key.as_deref() == Some(key)
+        })
+        .map(|d| d.id)
+}
+
+#[async_trait]
+impl DeadLetterStore for MemoryStore {
+    async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
+        let mut state = self.lock();
+        if let Some(key) = &letter.dedup_key {
+            if let Some(id) = pending_with(&state, &letter.queue, key) {
+                return Ok(Recorded::Existing(id));
+            }
+        }
+        state.next_dead_letter += 1;
+        let id = DeadLetterId(state.next_dead_letter);
+        let updated_at = letter.at;
+        state.dead_letters.insert(
+            id,
+            DeadLetter {
+                id,
+                letter,
+                status: DeadLetterStatus::PendingReview,
+                updated_at,
+            },
+        );
+        Ok(Recorded::New(id))
+    }
+
+    async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
+        Ok(self.lock().dead_letters.get(&id).cloned())
+    }
+
+    async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError> {
+        Ok(self
+            .lock()
+            .dead_letters
+            .values()
+            .filter(|d| matches(d, filter))
+            .take(usize::try_from(filter.limit).unwrap_or(usize::MAX))
+            .cloned()
+            .collect())
+    }
+
+    async fn pending(
+        &self,
+        queue: &QueueName,
+        dedup_key: &str,
+    ) -> Result<Option<DeadLetterId>, StoreError> {
+        Ok(pending_with(&self.lock(), queue, dedup_key))
+    }
+
+    async fn transition(
+        &self,
+        id: DeadLetterId,
+        to: DeadLetterStatus,
+        tenant: Option<TenantId>,
+        at: SystemTime,
+    ) -> Result<Transition, StoreError> {
+        let mut state = self.lock();
+        let Some(letter) = state.dead_letters.get_mut(&id) else {
+            return Ok(Transition::NotFound);
+        };
+        if tenant.is_some_and(|t| letter.letter.tenant_id != Some(t)) {
+            return Ok(Transition::NotFound);
+        }
+        Ok(match letter.status {
+            DeadLetterStatus::PendingReview => {
+                letter.status = to;
+                letter.updated_at = at;
+                Transition::Done
+            }
+            current if current == to => Transition::AlreadyDone,
+            current => Transition::Conflict(current),
+        })
+    }
+}

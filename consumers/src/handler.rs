@@ -1,0 +1,142 @@
+//! Handlers: what a job of a kind does, and how it says what should happen next.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use jobs_core::{DataError, Envelope, ErrorClass, QueueName};
+use serde::de::DeserializeOwned;
+use thiserror::Error;
+
+/// A boxed error from handler code.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One job as a handler sees it: the envelope with typed data, and where it stands.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Job<T> {
+    /// The job, `data` already deserialised into the handler's type.
+    pub envelope: Envelope<T>,
+    /// The queue it came from.
+    pub queue: QueueName,
+    /// 1 on the first attempt.
+    pub attempt: u32,
+}
+
+/// Why a handler did not finish, and so what the runtime does next.
+///
+/// A typed outcome rather than an error to classify: the runtime never guesses from a message
+/// or a downcast whether to retry.
+#[derive(Debug, Error)]
+pub enum JobError {
+    /// Transient: try again after the retry policy's backoff, until attempts run out.
+    #[error("{0}")]
+    Retry(#[source] BoxError),
+    /// Trying again cannot help: dead-letter the job now.
+    #[error("{0}")]
+    Permanent(#[source] BoxError),
+    /// Not a failure (rate limited, a provider's 429): come back at `until` without spending
+    /// an attempt.
+    #[error("deferred until {until:?}")]
+    Defer {
+        /// When to try again.
+        until: SystemTime,
+    },
+}
+
+impl JobError {
+    /// [`JobError::Retry`] from anything error-like (`"text"` included).
+    pub fn retry(error: impl Into<BoxError>) -> Self {
+        JobError::Retry(error.into())
+    }
+
+    /// [`JobError::Permanent`] from anything error-like.
+    pub fn permanent(error: impl Into<BoxError>) -> Self {
+        JobError::Permanent(error.into())
+    }
+
+    /// Retry or permanent, as `class` says: for errors of the ports, which carry a class.
+    pub fn classed(class: ErrorClass, error: impl Into<BoxError>) -> Self {
+        match class {
+            ErrorClass::Retryable => JobError::retry(error),
+            ErrorClass::Permanent => JobError::permanent(error),
+        }
+    }
+}
+
+/// What jobs of one kind do, with the store's work transaction `Tx`.
+///
+/// Writes made through `tx` commit atomically with the job's `processed_jobs` row: exactly
+/// once, however often the job is delivered. A handler that needs no transaction can be
+/// generic over `Tx`, so it works with every store.
+#[async_trait]
+pub trait Handler<Tx: Send>: Send + Sync + 'static {
+    /// The kind's `data`; a payload that does not deserialise into it is poison.
+    type Data: DeserializeOwned + Send + 'static;
+
+    /// Does the job's work in `tx`.
+    async fn handle(&self, job: Job<Self::Data>, tx: &mut Tx) -> Result<(), JobError>;
+}
+
+/// A job whose data has been decoded, ready to run in a transaction.
+#[async_trait]
+pub(crate) trait Prepared<Tx: Send>: Send {
+    async fn run(self: Box<Self>, tx: &mut Tx) -> Result<(), JobError>;
+}
+
+/// A handler with its data type erased, so handlers of all kinds fit one registry.
+pub(crate) trait ErasedHandler<Tx: Send>: Send + Sync {
+    fn prepare(
+        &self,
+        envelope: Envelope,
+        queue: QueueName,
+        attempt: u32,
+    ) -> Result<Box<dyn Prepared<Tx>>, DataError>;
+}
+
+pub(crate) struct Typed<H, Tx> {
+    handler: Arc<H>,
+    _tx: PhantomData<fn(&mut Tx)>,
+}
+
+impl<H, Tx> Typed<H, Tx> {
+    pub(crate) fn new(handler: H) -> Self {
+        Typed {
+            handler: Arc::new(handler),
+            _tx: PhantomData,
+        }
+    }
+}
+
+struct TypedJob<H: Handler<Tx>, Tx: Send> {
+    handler: Arc<H>,
+    job: Job<H::Data>,
+}
+
+#[async_trait]
+impl<H: Handler<Tx>, Tx: Send> Prepared<Tx> for TypedJob<H, Tx> {
+    async fn run(self: Box<Self>, tx: &mut Tx) -> Result<(), JobError> {
+        let TypedJob { handler, job } = *self;
+        handler.handle(job, tx).await
+    }
+}
+
+impl<H: Handler<Tx>, Tx: Send + 'static> ErasedHandler<Tx> for Typed<H, Tx> {
+    fn prepare(
+        &self,
+        envelope: Envelope,
+        queue: QueueName,
+        attempt: u32,
+    ) -> Result<Box<dyn Prepared<Tx>>, DataError> {
+        let envelope = envelope.into_typed::<H::Data>()?;
+        Ok(Box::new(TypedJob {
+            handler: self.handler.clone(),
+            job: Job {
+                envelope,
+                queue,
+                attempt,
+            },
+        }))
+    }
+}

@@ -1,0 +1,217 @@
+//! A worker wired to in-memory adapters, a scripted handler, and transports that fail on cue.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryWorkTx};
+use jobs_consumers::{Handler, Job, JobError, Outcome, Worker, WorkerConfig};
+use jobs_core::{
+    Alert, AlertError, Alerter, ConsumerName, ConsumerPort, Delivery, Envelope, Lease, ManualClock,
+    PublishOptions, QueueError, QueueName, QueuePort,
+};
+use serde::Deserialize;
+
+/// What the scripted handler does on a given attempt.
+pub(crate) type Script = fn(attempt: u32) -> Result<(), JobError>;
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct TestData {
+    pub(crate) n: u64,
+}
+
+/// Runs `script` and, on success, records the effect `n=<n>` in the transaction.
+pub(crate) struct Scripted {
+    pub(crate) script: Script,
+    pub(crate) calls: Arc<Mutex<HashMap<u64, u32>>>,
+}
+
+#[async_trait]
+impl Handler<MemoryWorkTx> for Scripted {
+    type Data = TestData;
+
+    async fn handle(&self, job: Job<TestData>, tx: &mut MemoryWorkTx) -> Result<(), JobError> {
+        *self
+            .calls
+            .lock()
+            .expect("not poisoned")
+            .entry(job.envelope.data.n)
+            .or_default() += 1;
+        (self.script)(job.attempt)?;
+        tx.record_effect(format!("n={}", job.envelope.data.n));
+        Ok(())
+    }
+}
+
+/// A transport over the memory queue whose next `fail_acks` acks fail, as if the worker died
+/// between commit and ack.
+#[derive(Clone)]
+pub(crate) struct Flaky {
+    pub(crate) inner: MemoryQueue,
+    pub(crate) fail_acks: Arc<AtomicUsize>,
+    pub(crate) extends: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl ConsumerPort for Flaky {
+    async fn receive(
+        &self,
+        q: &QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        self.inner.receive(q, max, lease).await
+    }
+
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+        let failing = self
+            .fail_acks
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(QueueError::Unavailable {
+                queue: lease.queue().clone(),
+                message: "worker crashed before the ack".into(),
+                source: None,
+            });
+        }
+        self.inner.ack(lease).await
+    }
+
+    async fn retry_at(&self, lease: &Lease, at: SystemTime) -> Result<(), QueueError> {
+        self.inner.retry_at(lease, at).await
+    }
+
+    async fn defer(&self, lease: &Lease, until: SystemTime) -> Result<(), QueueError> {
+        self.inner.defer(lease, until).await
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
+        self.extends.fetch_add(1, Ordering::SeqCst);
+        self.inner.extend(lease, by).await
+    }
+}
+
+/// Records every alert.
+#[derive(Default, Clone)]
+pub(crate) struct RecordingAlerter {
+    pub(crate) alerts: Arc<Mutex<Vec<Alert>>>,
+}
+
+#[async_trait]
+impl Alerter for RecordingAlerter {
+    async fn alert(&self, alert: &Alert) -> Result<(), AlertError> {
+        self.alerts
+            .lock()
+            .expect("not poisoned")
+            .push(alert.clone());
+        Ok(())
+    }
+}
+
+pub(crate) struct Harness {
+    pub(crate) clock: ManualClock,
+    pub(crate) queue: MemoryQueue,
+    pub(crate) transport: Flaky,
+    pub(crate) store: MemoryStore,
+    pub(crate) calls: Arc<Mutex<HashMap<u64, u32>>>,
+    pub(crate) alerter: RecordingAlerter,
+    pub(crate) name: QueueName,
+}
+
+pub(crate) const QUEUE: &str = "test.jobs";
+pub(crate) const KIND: &str = "test.job";
+
+impl Harness {
+    pub(crate) fn new() -> Self {
+        let clock = ManualClock::default();
+        let queue = MemoryQueue::new(Arc::new(clock.clone()));
+        Harness {
+            transport: Flaky {
+                inner: queue.clone(),
+                fail_acks: Arc::default(),
+                extends: Arc::default(),
+            },
+            clock,
+            queue,
+            store: MemoryStore::default(),
+            calls: Arc::default(),
+            alerter: RecordingAlerter::default(),
+            name: QUEUE.parse().expect("valid"),
+        }
+    }
+
+    pub(crate) fn worker(&self, script: Script) -> Worker<MemoryStore> {
+        self.worker_with(script, WorkerConfig::default())
+    }
+
+    pub(crate) fn worker_with(&self, script: Script, config: WorkerConfig) -> Worker<MemoryStore> {
+        let alerts = jobs_consumers::CoalescingAlerter::new(
+            Arc::new(self.alerter.clone()),
+            Arc::new(self.clock.clone()),
+            Duration::from_secs(300),
+        );
+        Worker::builder(
+            ConsumerName::try_from("test.consumer").expect("valid"),
+            self.name.clone(),
+            Arc::new(self.transport.clone()),
+            Arc::new(self.store.clone()),
+            Arc::new(self.store.clone()),
+        )
+        .handler(
+            KIND.parse().expect("valid"),
+            Scripted {
+                script,
+                calls: self.calls.clone(),
+            },
+        )
+        .clock(Arc::new(self.clock.clone()))
+        .alerts(alerts)
+        .config(config)
+        .build()
+        .expect("a valid worker")
+    }
+
+    pub(crate) async fn publish(&self, n: u64) -> Envelope {
+        let envelope =
+            jobs_testkit::fixtures::envelope_with(1, KIND, serde_json::json!({ "n": n }));
+        self.queue
+            .publish(&self.name, &envelope, PublishOptions::default())
+            .await
+            .expect("publish");
+        envelope
+    }
+
+    /// An envelope of this harness's kind, not published.
+    pub(crate) fn publish_unpublished(&self, n: u64) -> Envelope {
+        jobs_testkit::fixtures::envelope_with(1, KIND, serde_json::json!({ "n": n }))
+    }
+
+    /// Runs the worker until a poll finds nothing ready (at most 100 polls).
+    pub(crate) async fn drain(&self, worker: &Worker<MemoryStore>) -> Vec<Outcome> {
+        let mut all = vec![];
+        for _ in 0..100 {
+            let outcomes = worker.run_once().await.expect("receive");
+            if outcomes.is_empty() {
+                return all;
+            }
+            all.extend(outcomes);
+        }
+        panic!("the queue never drained: {all:?}");
+    }
+
+    pub(crate) fn calls(&self, n: u64) -> u32 {
+        self.calls
+            .lock()
+            .expect("not poisoned")
+            .get(&n)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub(crate) fn alerts(&self) -> Vec<Alert> {
+        self.alerter.alerts.lock().expect("not poisoned").clone()
+    }
+}

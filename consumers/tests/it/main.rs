@@ -1,0 +1,5 @@
+//! Integration tests of the worker runtime, on the memory queue and store with a manual clock.
+
+mod harness;
+mod retry;
+mod worker;

@@ -1,0 +1,470 @@
+//! The runtime's contract, one behaviour per test.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use jobs_adapter_memory::MemoryStore;
+use jobs_consumers::{DeadLetters, DeadReason, JobError, Outcome, Replayed, WorkerConfig};
+use jobs_core::{
+    ConsumerName, DeadLetterFilter, DeadLetterStatus, DeadLetterStore, ProcessedJobs,
+    PublishOptions, QueueDepth, QueuePort, Transition,
+};
+use jobs_testkit::mock::MockDeadLetterStore;
+
+use crate::harness::{Harness, KIND};
+
+fn ok(_: u32) -> Result<(), JobError> {
+    Ok(())
+}
+
+fn always_retry(_: u32) -> Result<(), JobError> {
+    Err(JobError::retry("the payment provider timed out"))
+}
+
+fn succeed_on_third(attempt: u32) -> Result<(), JobError> {
+    if attempt < 3 {
+        Err(JobError::retry("flaky"))
+    } else {
+        Ok(())
+    }
+}
+
+fn permanent(_: u32) -> Result<(), JobError> {
+    Err(JobError::permanent("invoice 42 does not exist"))
+}
+
+fn panics(attempt: u32) -> Result<(), JobError> {
+    assert!(attempt > 1, "boom on the first attempt");
+    Ok(())
+}
+
+async fn depth(h: &Harness) -> u64 {
+    h.queue.depth(&h.name).await.expect("depth").total()
+}
+
+#[tokio::test]
+async fn each_job_runs_once_and_commits_its_effect_with_the_claim() {
+    let h = Harness::new();
+    let worker = h.worker(ok);
+    for n in 0..5 {
+        h.publish(n).await;
+    }
+    let outcomes = h.drain(&worker).await;
+    assert_eq!(outcomes, vec![Outcome::Processed; 5]);
+    let mut effects = h.store.effects();
+    effects.sort();
+    assert_eq!(effects, ["n=0", "n=1", "n=2", "n=3", "n=4"]);
+    assert_eq!(depth(&h).await, 0, "every message acked");
+}
+
+#[tokio::test]
+async fn a_duplicate_delivery_is_acked_without_running_the_handler() {
+    let h = Harness::new();
+    let worker = h.worker(ok);
+    let envelope = h.publish(1).await;
+    // The same job published again under another dedup key: the transport delivers it twice.
+    let other_key = PublishOptions::default().dedup_key("retry-of-a-timeout");
+    h.queue
+        .publish(&h.name, &envelope, other_key)
+        .await
+        .expect("publish");
+    let outcomes = h.drain(&worker).await;
+    assert_eq!(outcomes, [Outcome::Processed, Outcome::Duplicate]);
+    assert_eq!(h.calls(1), 1);
+    assert_eq!(h.store.effects(), ["n=1"]);
+    assert_eq!(depth(&h).await, 0);
+}
+
+#[tokio::test]
+async fn a_crash_between_commit_and_ack_is_skipped_on_redelivery() {
+    let h = Harness::new();
+    let worker = h.worker(ok);
+    h.publish(7).await;
+    h.transport.fail_acks.store(1, Ordering::SeqCst);
+    let first = h.drain(&worker).await;
+    assert!(
+        matches!(first[..], [Outcome::Unsettled { .. }]),
+        "{first:?}"
+    );
+    assert_eq!(depth(&h).await, 1, "the message is still there");
+    h.clock.advance(Duration::from_secs(61));
+    let second = h.drain(&worker).await;
+    assert_eq!(second, [Outcome::Duplicate]);
+    assert_eq!(h.calls(7), 1, "the handler ran once");
+    assert_eq!(h.store.effects(), ["n=7"]);
+}
+
+#[tokio::test]
+async fn retries_back_off_within_the_jitter_bounds_and_then_succeed() {
+    let h = Harness::new();
+    let worker = h.worker(succeed_on_third);
+    h.publish(1).await;
+    for (attempt, ceiling) in [(1u64, 30u64), (2, 60)] {
+        let start = jobs_core::Clock::now(&h.clock);
+        let outcomes = h.drain(&worker).await;
+        let [Outcome::Retrying { at }] = outcomes[..] else {
+            panic!("attempt {attempt}: {outcomes:?}");
+        };
+        let delay = at.duration_since(start).expect("in the future");
+        assert!(
+            delay >= Duration::from_secs(ceiling / 2) && delay <= Duration::from_secs(ceiling),
+            "attempt {attempt}: delay {delay:?} outside [{}s, {ceiling}s]",
+            ceiling / 2
+        );
+        h.clock.advance(delay);
+    }
+    assert_eq!(h.drain(&worker).await, [Outcome::Processed]);
+    assert_eq!(h.calls(1), 3);
+    assert_eq!(h.store.effects(), ["n=1"], "failed attempts left no effect");
+}
+
+#[tokio::test]
+async fn exhausted_jobs_are_dead_lettered_with_their_story_and_alerted_once() {
+    let h = Harness::new();
+    let worker = h.worker(always_retry);
+    let envelope = h.publish(1).await;
+    let mut outcomes = vec![];
+    for _ in 0..10 {
+        outcomes.extend(h.drain(&worker).await);
+        h.clock.advance(Duration::from_secs(3600));
+    }
+    assert_eq!(h.calls(1), 5, "five attempts in total");
+    let Some(Outcome::DeadLettered { id, reason }) = outcomes.last().cloned() else {
+        panic!("{outcomes:?}");
+    };
+    assert_eq!(reason, DeadReason::Exhausted);
+    let letter = h.store.get(id).await.expect("get").expect("recorded");
+    assert_eq!(letter.status, DeadLetterStatus::PendingReview);
+    assert_eq!(letter.letter.attempts, 5);
+    assert_eq!(letter.letter.job_id, Some(envelope.job_id));
+    assert_eq!(letter.letter.correlation_id, Some(envelope.correlation_id));
+    assert_eq!(letter.letter.queue, h.name);
+    assert!(
+        letter.letter.last_error.contains("timed out"),
+        "{}",
+        letter.letter.last_error
+    );
+    assert_eq!(
+        letter.letter.payload,
+        envelope.to_json_bytes().expect("encodes")
+    );
+    assert_eq!(depth(&h).await, 0, "acked after dead-lettering");
+    let alerts = h.alerts();
+    assert_eq!(alerts.len(), 1);
+    assert!(
+        alerts[0].title.contains("1 job dead-lettered on test.jobs"),
+        "{:?}",
+        alerts[0]
+    );
+}
+
+#[tokio::test]
+async fn a_permanent_failure_is_dead_lettered_at_once() {
+    let h = Harness::new();
+    let worker = h.worker(permanent);
+    h.publish(1).await;
+    let outcomes = h.drain(&worker).await;
+    assert!(matches!(
+        outcomes[..],
+        [Outcome::DeadLettered {
+            reason: DeadReason::Permanent,
+            ..
+        }]
+    ));
+    assert_eq!(h.calls(1), 1);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_retried_and_the_worker_goes_on() {
+    let h = Harness::new();
+    let worker = h.worker(panics);
+    h.publish(1).await;
+    h.publish(2).await;
+    let outcomes = h.drain(&worker).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Retrying { .. })),
+        "{outcomes:?}"
+    );
+    h.clock.advance(Duration::from_secs(31));
+    assert_eq!(
+        h.drain(&worker).await,
+        [Outcome::Processed, Outcome::Processed]
+    );
+}
+
+#[tokio::test]
+async fn poison_goes_straight_to_dead_letters_with_the_raw_bytes_and_the_field_named() {
+    let h = Harness::new();
+    let worker = h.worker(ok);
+    let good = h.publish(1).await;
+    let mut broken_field = serde_json::to_value(&good).expect("serialises");
+    broken_field["tenant_id"] = serde_json::json!("not-a-uuid");
+    let mut unknown_kind = serde_json::to_value(h.publish_unpublished(2)).expect("serialises");
+    unknown_kind["kind"] = serde_json::json!("nobody.handles_this");
+    let mut wrong_data = serde_json::to_value(h.publish_unpublished(3)).expect("serialises");
+    wrong_data["data"] = serde_json::json!({ "n": "three" });
+    let cases: [(Vec<u8>, &str); 4] = [
+        (vec![0xff, 0x00, 0x7b, 0x22], "not valid JSON"),
+        (
+            serde_json::to_vec(&broken_field).expect("serialises"),
+            "`tenant_id`",
+        ),
+        (
+            serde_json::to_vec(&unknown_kind).expect("serialises"),
+            "`kind`",
+        ),
+        (
+            serde_json::to_vec(&wrong_data).expect("serialises"),
+            "`data`",
+        ),
+    ];
+    for (bytes, _) in &cases {
+        h.queue
+            .publish_bytes(&h.name, bytes.clone(), &PublishOptions::default());
+    }
+    let outcomes = h.drain(&worker).await;
+    assert_eq!(outcomes.len(), 5);
+    let letters = h
+        .store
+        .list(&DeadLetterFilter::default())
+        .await
+        .expect("list");
+    assert_eq!(letters.len(), 4, "each poison message dead-lettered once");
+    for (bytes, field) in &cases {
+        let letter = letters
+            .iter()
+            .find(|l| &l.letter.payload == bytes)
+            .unwrap_or_else(|| panic!("no dead letter holds {bytes:?} intact"));
+        assert_eq!(letter.letter.attempts, 1, "poison is never retried");
+        assert!(
+            letter.letter.last_error.contains(field),
+            "{field}: {}",
+            letter.letter.last_error
+        );
+    }
+    let unreadable = letters
+        .iter()
+        .find(|l| l.letter.payload[0] == 0xff)
+        .expect("present");
+    assert_eq!(
+        unreadable.letter.job_id, None,
+        "a job id that cannot be read is NULL"
+    );
+    assert_eq!(
+        h.calls(3),
+        0,
+        "data that does not fit never reaches the handler"
+    );
+    assert_eq!(depth(&h).await, 0);
+}
+
+#[tokio::test]
+async fn a_failing_dead_letter_store_leaves_the_message_unacked() {
+    let h = Harness::new();
+    let mut broken = MockDeadLetterStore::new();
+    broken.expect_pending().returning(|_, _| Ok(None));
+    broken
+        .expect_record()
+        .returning(|_| Err(jobs_core::StoreError::unavailable("disk full")));
+    let worker = jobs_consumers::Worker::builder(
+        ConsumerName::try_from("test.consumer").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.transport.clone()),
+        Arc::new(h.store.clone()),
+        Arc::new(broken),
+    )
+    .handler(
+        KIND.parse().expect("valid"),
+        crate::harness::Scripted {
+            script: permanent,
+            calls: h.calls.clone(),
+        },
+    )
+    .clock(Arc::new(h.clock.clone()))
+    .build()
+    .expect("valid");
+    h.publish(1).await;
+    let outcomes = h.drain(&worker).await;
+    assert!(
+        matches!(outcomes[..], [Outcome::Unsettled { .. }]),
+        "{outcomes:?}"
+    );
+    assert_eq!(depth(&h).await, 1, "nothing lost");
+    h.clock.advance(Duration::from_secs(61));
+    assert_eq!(
+        h.drain(&worker).await.len(),
+        1,
+        "delivered again after the lease"
+    );
+}
+
+#[tokio::test]
+async fn a_deferral_does_not_spend_an_attempt() {
+    fn defer_first(attempt: u32) -> Result<(), JobError> {
+        assert_eq!(attempt, 1, "a deferral must not count as an attempt");
+        Err(JobError::Defer {
+            until: std::time::UNIX_EPOCH + Duration::from_secs(1_767_225_610),
+        })
+    }
+    let h = Harness::new();
+    let worker = h.worker(defer_first);
+    h.publish(1).await;
+    let once = worker.run_once().await.expect("receive");
+    assert!(matches!(once[..], [Outcome::Deferred { .. }]), "{once:?}");
+    assert!(
+        worker.run_once().await.expect("receive").is_empty(),
+        "hidden until then"
+    );
+    h.clock.advance(Duration::from_secs(11));
+    let again = worker.run_once().await.expect("receive");
+    assert!(matches!(again[..], [Outcome::Deferred { .. }]), "{again:?}");
+    assert_eq!(h.calls(1), 2);
+}
+
+#[tokio::test]
+async fn replay_runs_the_job_again_exactly_once_and_is_idempotent() {
+    let h = Harness::new();
+    let failing = h.worker(permanent);
+    let envelope = h.publish(1).await;
+    let outcomes = h.drain(&failing).await;
+    let [Outcome::DeadLettered { id, .. }] = outcomes[..] else {
+        panic!("{outcomes:?}");
+    };
+    let ops = DeadLetters::new(Arc::new(h.store.clone()), Arc::new(h.queue.clone()));
+    let other_tenant = jobs_testkit::fixtures::tenant(99);
+    assert!(
+        ops.replay(id, Some(other_tenant)).await.is_err(),
+        "tenant-scoped"
+    );
+    assert_eq!(
+        ops.replay(id, Some(envelope.tenant_id))
+            .await
+            .expect("replay"),
+        Replayed::Done
+    );
+    assert_eq!(
+        ops.replay(id, None).await.expect("replay"),
+        Replayed::AlreadyDone
+    );
+    assert_eq!(
+        ops.discard(id, None).await.expect("discard"),
+        Transition::Conflict(DeadLetterStatus::Replayed)
+    );
+
+    let fixed = h.worker(ok);
+    assert_eq!(
+        h.drain(&fixed).await,
+        [Outcome::Processed],
+        "replayed exactly once"
+    );
+    assert_eq!(h.store.effects(), ["n=1"]);
+    let consumer = ConsumerName::try_from("test.consumer").expect("valid");
+    assert!(
+        h.store
+            .is_processed(envelope.job_id, &consumer)
+            .await
+            .expect("query")
+    );
+}
+
+#[tokio::test]
+async fn a_redelivered_copy_of_a_dead_lettered_job_is_not_run_again() {
+    let h = Harness::new();
+    let worker = h.worker(permanent);
+    h.publish(1).await;
+    // The dead letter is written, then the ack is lost.
+    h.transport.fail_acks.store(1, Ordering::SeqCst);
+    assert!(matches!(
+        h.drain(&worker).await[..],
+        [Outcome::Unsettled { .. }]
+    ));
+    h.clock.advance(Duration::from_secs(61));
+    let outcomes = h.drain(&worker).await;
+    assert!(
+        matches!(outcomes[..], [Outcome::DeadLettered { .. }]),
+        "{outcomes:?}"
+    );
+    assert_eq!(h.calls(1), 1, "the handler did not run on the redelivery");
+    let letters = h
+        .store
+        .list(&DeadLetterFilter::default())
+        .await
+        .expect("list");
+    assert_eq!(letters.len(), 1, "one dead letter, not two");
+}
+
+#[tokio::test]
+async fn alerts_are_coalesced_per_queue_per_window() {
+    let h = Harness::new();
+    let worker = h.worker(permanent);
+    for n in 0..10 {
+        h.publish(n).await;
+    }
+    h.drain(&worker).await;
+    assert_eq!(h.alerts().len(), 1, "a storm raises one alert");
+    h.clock.advance(Duration::from_secs(301));
+    h.drain(&worker).await;
+    let alerts = h.alerts();
+    assert_eq!(
+        alerts.len(),
+        2,
+        "the held-back count is reported after the window"
+    );
+    assert_eq!(alerts[1].count, 9);
+}
+
+#[tokio::test(start_paused = true)]
+async fn long_handlers_keep_their_lease_and_shutdown_is_graceful() {
+    struct Slow;
+    #[async_trait::async_trait]
+    impl jobs_consumers::Handler<jobs_adapter_memory::MemoryWorkTx> for Slow {
+        type Data = serde_json::Value;
+        async fn handle(
+            &self,
+            _: jobs_consumers::Job<serde_json::Value>,
+            tx: &mut jobs_adapter_memory::MemoryWorkTx,
+        ) -> Result<(), JobError> {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            tx.record_effect("slow");
+            Ok(())
+        }
+    }
+    let h = Harness::new();
+    let mut config = WorkerConfig::default();
+    config.lease = Duration::from_secs(3);
+    let worker = Arc::new(
+        jobs_consumers::Worker::<MemoryStore>::builder(
+            ConsumerName::try_from("test.consumer").expect("valid"),
+            h.name.clone(),
+            Arc::new(h.transport.clone()),
+            Arc::new(h.store.clone()),
+            Arc::new(h.store.clone()),
+        )
+        .handler(KIND.parse().expect("valid"), Slow)
+        .clock(Arc::new(h.clock.clone()))
+        .config(config)
+        .build()
+        .expect("valid"),
+    );
+    h.publish(1).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.send(()).expect("worker listening");
+    running.await.expect("the worker stops");
+    assert_eq!(
+        h.store.effects(),
+        ["slow"],
+        "the in-flight job finished within the grace"
+    );
+    assert!(
+        h.transport.extends.load(Ordering::SeqCst) >= 3,
+        "the lease was extended"
+    );
+    assert_eq!(depth(&h).await, 0);
+}
