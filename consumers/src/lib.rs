@@ -12,12 +12,14 @@
 //! composition root.
 
 mod alerts;
+mod cleanup;
 mod dead_letters;
 mod handler;
 mod retry;
 mod worker;
 
 pub use alerts::CoalescingAlerter;
+pub use cleanup::{CLEANUP_KIND, CleanupRequest, DEFAULT_PROCESSED_TTL, ProcessedCleanup};
 pub use dead_letters::{DeadLetters, ReplayError, Replayed};
 pub use handler::{BoxError, Handler, Job, JobError};
 pub use retry::{Backoff, PolicyError, QueuePolicy, RetryPolicy};

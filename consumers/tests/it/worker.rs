@@ -468,3 +468,66 @@ async fn long_handlers_keep_their_lease_and_shutdown_is_graceful() {
     );
     assert_eq!(depth(&h).await, 0);
 }
+
+#[tokio::test]
+async fn the_cleanup_job_purges_old_processed_rows_in_batches() {
+    use jobs_consumers::{CLEANUP_KIND, ProcessedCleanup};
+    let h = Harness::new();
+    let worker = h.worker(ok);
+    let mut old = vec![];
+    for n in 0..25 {
+        old.push(h.publish(n).await);
+    }
+    h.drain(&worker).await;
+    h.clock.advance(Duration::from_secs(2 * 24 * 3600));
+    let recent = h.publish(100).await;
+    h.drain(&worker).await;
+
+    let cleanup = ProcessedCleanup::new(Arc::new(h.store.clone()))
+        .clock(Arc::new(h.clock.clone()))
+        .ttl(Duration::from_secs(24 * 3600))
+        .batch(10);
+    let maintenance: jobs_core::QueueName = "core.maintenance".parse().expect("valid");
+    let cleaner = jobs_consumers::Worker::builder(
+        ConsumerName::try_from("core.cleanup").expect("valid"),
+        maintenance.clone(),
+        Arc::new(h.queue.clone()),
+        Arc::new(h.store.clone()),
+        Arc::new(h.store.clone()),
+    )
+    .handler(CLEANUP_KIND.parse().expect("valid"), cleanup)
+    .clock(Arc::new(h.clock.clone()))
+    .build()
+    .expect("valid");
+    let job = jobs_testkit::fixtures::envelope_with(1, CLEANUP_KIND, serde_json::json!({}));
+    h.queue
+        .publish(&maintenance, &job, PublishOptions::default())
+        .await
+        .expect("publish");
+    assert_eq!(
+        cleaner.run_once().await.expect("receive"),
+        [Outcome::Processed]
+    );
+
+    let consumer = ConsumerName::try_from("test.consumer").expect("valid");
+    for envelope in &old {
+        assert!(
+            !h.store
+                .is_processed(envelope.job_id, &consumer)
+                .await
+                .expect("query"),
+            "a row past the TTL survived"
+        );
+    }
+    assert!(
+        h.store
+            .is_processed(recent.job_id, &consumer)
+            .await
+            .expect("query")
+    );
+    assert_eq!(
+        h.store.effects().len(),
+        26,
+        "business effects are untouched"
+    );
+}

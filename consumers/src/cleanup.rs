@@ -1,0 +1,104 @@
+//! TTL cleanup of `core.processed_jobs`, as a job kind so that cron can schedule it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jobs_core::{Clock, ProcessedJobs, StoreError, SystemClock};
+use serde::Deserialize;
+
+use crate::handler::{Handler, Job, JobError};
+
+/// The kind of the cleanup job.
+pub const CLEANUP_KIND: &str = "core.processed_jobs_cleanup";
+
+/// How long processed rows are kept by default: well past the longest a message can live in a
+/// transport (Vercel Queues retains at most 7 days), since a redelivery that finds no row runs
+/// again.
+pub const DEFAULT_PROCESSED_TTL: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+/// The cleanup job's data: an optional TTL overriding the handler's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CleanupRequest {
+    /// Keep rows processed within this many seconds.
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+}
+
+/// Deletes `processed_jobs` rows older than a TTL, in bounded batches so no statement holds
+/// locks for long.
+#[derive(Clone)]
+pub struct ProcessedCleanup {
+    store: Arc<dyn ProcessedJobs>,
+    clock: Arc<dyn Clock>,
+    ttl: Duration,
+    batch: u32,
+}
+
+impl std::fmt::Debug for ProcessedCleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessedCleanup")
+            .field("ttl", &self.ttl)
+            .field("batch", &self.batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcessedCleanup {
+    /// Cleans `store` with [`DEFAULT_PROCESSED_TTL`] in batches of 1,000.
+    pub fn new(store: Arc<dyn ProcessedJobs>) -> Self {
+        ProcessedCleanup {
+            store,
+            clock: Arc::new(SystemClock),
+            ttl: DEFAULT_PROCESSED_TTL,
+            batch: 1_000,
+        }
+    }
+
+    /// Keeps rows for `ttl`.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Deletes at most `batch` rows per statement.
+    pub fn batch(mut self, batch: u32) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// Takes time from `clock`.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Deletes every row older than `ttl` (the configured one if `None`); returns how many.
+    pub async fn purge(&self, ttl: Option<Duration>) -> Result<u64, StoreError> {
+        let cutoff = self.clock.now() - ttl.unwrap_or(self.ttl);
+        let mut total = 0;
+        loop {
+            let deleted = self.store.purge_processed(cutoff, self.batch).await?;
+            total += deleted;
+            if deleted < u64::from(self.batch) {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<Tx: Send + 'static> Handler<Tx> for ProcessedCleanup {
+    type Data = CleanupRequest;
+
+    async fn handle(&self, job: Job<CleanupRequest>, _: &mut Tx) -> Result<(), JobError> {
+        let ttl = job.envelope.data.ttl_secs.map(Duration::from_secs);
+        let deleted = self
+            .purge(ttl)
+            .await
+            .map_err(|e| JobError::classed(e.class(), e))?;
+        tracing::info!(deleted, "purged processed_jobs rows past their TTL");
+        Ok(())
+    }
+}
