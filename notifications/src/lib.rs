@@ -1,0 +1,88 @@
+//! Notification rails over the `jobs-core` ports: one queue per channel per rail
+//! (`notif.{channel}.transactional` and `notif.{channel}.marketing`, see
+//! [`jobs_core::QueueName::notification`]), with transactional traffic always first.
+//!
+//! The senders, rate limiting and providers are being built. What is here is the decision at
+//! the heart of the priority rule: [`PriorityGate`], which pauses a channel's marketing workers
+//! while its transactional queue is deep, with hysteresis so they do not flap.
+
+/// Whether marketing workers of a channel may fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Fetch marketing messages.
+    Open,
+    /// Stop fetching; let in-flight sends finish. Nothing is dropped: messages wait queued.
+    Paused,
+}
+
+/// Pauses marketing when transactional depth rises above `pause_above`, and resumes only once
+/// it falls to `resume_at` or below; depths in between keep the current state.
+///
+/// ```
+/// use jobs_notifications::{Gate, PriorityGate};
+///
+/// let mut gate = PriorityGate::new(100, 20)?;
+/// assert_eq!(gate.observe(150), Gate::Paused);
+/// assert_eq!(gate.observe(50), Gate::Paused); // still draining: no flapping
+/// assert_eq!(gate.observe(20), Gate::Open);
+/// # Ok::<(), jobs_notifications::GateError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriorityGate {
+    pause_above: u64,
+    resume_at: u64,
+    state: Gate,
+}
+
+/// Thresholds that would flap or never resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateError {
+    /// The pause threshold given.
+    pub pause_above: u64,
+    /// The resume threshold given.
+    pub resume_at: u64,
+}
+
+impl std::fmt::Display for GateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "resume_at ({}) must be below pause_above ({}) for hysteresis",
+            self.resume_at, self.pause_above
+        )
+    }
+}
+
+impl std::error::Error for GateError {}
+
+impl PriorityGate {
+    /// A gate, open, with the given thresholds; `resume_at` must be below `pause_above`.
+    pub fn new(pause_above: u64, resume_at: u64) -> Result<Self, GateError> {
+        if resume_at >= pause_above {
+            return Err(GateError {
+                pause_above,
+                resume_at,
+            });
+        }
+        Ok(PriorityGate {
+            pause_above,
+            resume_at,
+            state: Gate::Open,
+        })
+    }
+
+    /// Updates the gate with the transactional queue's current depth.
+    pub fn observe(&mut self, transactional_depth: u64) -> Gate {
+        self.state = match self.state {
+            Gate::Open if transactional_depth > self.pause_above => Gate::Paused,
+            Gate::Paused if transactional_depth <= self.resume_at => Gate::Open,
+            unchanged => unchanged,
+        };
+        self.state
+    }
+
+    /// The current state.
+    pub fn state(&self) -> Gate {
+        self.state
+    }
+}
