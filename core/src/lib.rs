@@ -26,6 +26,8 @@ mod queue;
 pub mod schema;
 mod store;
 
+#[cfg(feature = "mock")]
+pub use alert::MockAlerter;
 pub use alert::{Alert, AlertError, Alerter};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use envelope::{
@@ -40,12 +42,10 @@ pub use queue::{
     Receipt,
 };
 #[cfg(feature = "mock")]
-pub use alert::MockAlerter;
-#[cfg(feature = "mock")]
 pub use queue::{MockConsumerPort, MockQueueDepth, MockQueuePort};
-#[cfg(feature = "mock")]
-pub use store::{MockDeadLetterStore, MockProcessedJobs};
 pub use store::{
     Claim, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
     NewDeadLetter, ProcessedJobs, Recorded, StoreError, Transition, WorkStore, WorkTransaction,
 };
+#[cfg(feature = "mock")]
+pub use store::{MockDeadLetterStore, MockProcessedJobs};

@@ -29,7 +29,8 @@ pub enum Claim {
 /// rolled back together.
 ///
 /// An engine's transaction type implements this and exposes its connection (e.g. sqlx's) to
-/// the handlers written for that engine, which receive `&mut` of it.
+/// the handlers written for that engine, which receive `&mut` of it. Dropping a transaction
+/// without committing it rolls it back.
 #[async_trait]
 pub trait WorkTransaction: Send + 'static {
     /// Inserts `(job_id, consumer, at)` into `core.processed_jobs` unless it is there.
@@ -255,6 +256,7 @@ pub trait DeadLetterStore: Send + Sync {
     ) -> Result<Option<DeadLetterId>, StoreError>;
 
     /// Moves a dead letter from `PendingReview` to `to`; with `tenant`, only that tenant's.
+    /// `to = PendingReview` is refused with [`StoreError::Failed`]: a letter never goes back.
     async fn transition(
         &self,
         id: DeadLetterId,

@@ -5,11 +5,13 @@
 //! - [`mock`]: mockall mocks of the ports, for unit tests of code that publishes or consumes.
 //! - [`TimeTravel`]: how a suite moves time, a manual clock for in-process transports.
 //! - [`fixtures`]: envelopes and ids for tests.
+//! - [`fakes`]: local servers that speak a vendor's HTTP API, with fault hooks.
 //!
 //! This crate depends on `jobs-core` only, never on an adapter, so that an adapter can
 //! dev-depend on it without two copies of its own types in one test build.
 
 pub mod contract;
+pub mod fakes;
 pub mod fixtures;
 
 /// mockall mocks of every port, re-exported from `jobs-core`'s `mock` feature.

@@ -263,6 +263,11 @@ impl DeadLetterStore for MemoryStore {
         tenant: Option<TenantId>,
         at: SystemTime,
     ) -> Result<Transition, StoreError> {
+        if to == DeadLetterStatus::PendingReview {
+            return Err(StoreError::failed(
+                "a dead letter never returns to pending_review",
+            ));
+        }
         let mut state = self.lock();
         let Some(letter) = state.dead_letters.get_mut(&id) else {
             return Ok(Transition::NotFound);

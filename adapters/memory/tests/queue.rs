@@ -156,3 +156,9 @@ async fn concurrent_producers_and_consumers_lose_and_double_nothing() {
         "acked something never published"
     );
 }
+
+#[tokio::test]
+async fn memory_store_passes_the_store_contract() {
+    jobs_testkit::contract::store::run(|| async { jobs_adapter_memory::MemoryStore::default() })
+        .await;
+}

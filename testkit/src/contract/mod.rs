@@ -5,3 +5,4 @@
 //! name of the first check that fails. Ordering of deliveries is never assumed.
 
 pub mod queue;
+pub mod store;

@@ -1,0 +1,260 @@
+//! `core.dead_letters`.
+
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use jobs_core::{
+    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, NewDeadLetter,
+    QueueName, Recorded, StoreError, TenantId, Transition,
+};
+use sqlx::postgres::PgRow;
+use sqlx::types::Uuid;
+use sqlx::{QueryBuilder, Row};
+
+use crate::PgStore;
+use crate::convert::{from_timestamp, id_from_uuid, to_timestamp};
+use crate::error::{corrupt, store_error};
+
+const COLUMNS: &str = "id, job_id, queue, tenant_id, kind, correlation_id, payload, attempts, \
+                       last_error, dedup_key, status, created_at, updated_at";
+
+/// How often `record` retries when the pending letter it collided with left `pending_review`
+/// before it could be read (each retry needs another operator action to race with).
+const RECORD_ATTEMPTS: usize = 3;
+
+fn decode_err(e: sqlx::Error) -> StoreError {
+    store_error("decode a core.dead_letters row", e)
+}
+
+fn parse<T>(id: i64, column: &str, value: &str) -> Result<T, StoreError>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    value
+        .parse()
+        .map_err(|e| corrupt(format!("dead letter {id}: {column} `{value}`"), e))
+}
+
+fn optional_id<T>(column: &str, uuid: Option<Uuid>) -> Result<Option<T>, StoreError>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    uuid.map(|u| id_from_uuid(column, u)).transpose()
+}
+
+fn dead_letter(row: &PgRow) -> Result<DeadLetter, StoreError> {
+    let id: i64 = row.try_get("id").map_err(decode_err)?;
+    let queue: String = row.try_get("queue").map_err(decode_err)?;
+    let kind: Option<String> = row.try_get("kind").map_err(decode_err)?;
+    let attempts: i32 = row.try_get("attempts").map_err(decode_err)?;
+    let status: String = row.try_get("status").map_err(decode_err)?;
+    let created_at: DateTime<Utc> = row.try_get("created_at").map_err(decode_err)?;
+    let updated_at: DateTime<Utc> = row.try_get("updated_at").map_err(decode_err)?;
+    Ok(DeadLetter {
+        id: DeadLetterId(id),
+        letter: NewDeadLetter {
+            job_id: optional_id("job_id", row.try_get("job_id").map_err(decode_err)?)?,
+            queue: parse(id, "queue", &queue)?,
+            tenant_id: optional_id("tenant_id", row.try_get("tenant_id").map_err(decode_err)?)?,
+            kind: kind.map(|k| parse(id, "kind", &k)).transpose()?,
+            correlation_id: optional_id(
+                "correlation_id",
+                row.try_get("correlation_id").map_err(decode_err)?,
+            )?,
+            payload: row.try_get("payload").map_err(decode_err)?,
+            attempts: u32::try_from(attempts)
+                .map_err(|e| corrupt(format!("dead letter {id}: attempts {attempts}"), e))?,
+            last_error: row.try_get("last_error").map_err(decode_err)?,
+            dedup_key: row.try_get("dedup_key").map_err(decode_err)?,
+            at: from_timestamp(created_at)?,
+        },
+        status: parse(id, "status", &status)?,
+        updated_at: from_timestamp(updated_at)?,
+    })
+}
+
+impl PgStore {
+    async fn pending_id(
+        &self,
+        queue: &QueueName,
+        dedup_key: &str,
+    ) -> Result<Option<DeadLetterId>, StoreError> {
+        let id: Option<i64> = sqlx::query_scalar(
+            "select id from core.dead_letters \
+             where queue = $1 and dedup_key = $2 and status = 'pending_review'",
+        )
+        .bind(queue.as_str())
+        .bind(dedup_key)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(|e| store_error("read core.dead_letters", e))?;
+        Ok(id.map(DeadLetterId))
+    }
+}
+
+#[async_trait]
+impl DeadLetterStore for PgStore {
+    /// `insert ... on conflict do nothing returning id` against the unique index of pending
+    /// letters by `(queue, dedup_key)`; on conflict, the pending letter's id. A concurrent
+    /// record of the same key waits for the first insert and then finds it.
+    async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
+        let attempts = i32::try_from(letter.attempts).map_err(|e| StoreError::Failed {
+            message: format!(
+                "attempts {} does not fit an integer column",
+                letter.attempts
+            ),
+            source: Some(Box::new(e)),
+        })?;
+        let at = to_timestamp(letter.at)?;
+        for _ in 0..RECORD_ATTEMPTS {
+            let inserted: Option<i64> = sqlx::query_scalar(
+                "insert into core.dead_letters (job_id, queue, tenant_id, kind, correlation_id, \
+                     payload, attempts, last_error, dedup_key, created_at, updated_at) \
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10) \
+                 on conflict (queue, dedup_key) \
+                     where status = 'pending_review' and dedup_key is not null do nothing \
+                 returning id",
+            )
+            .bind(letter.job_id.map(|id| id.as_uuid()))
+            .bind(letter.queue.as_str())
+            .bind(letter.tenant_id.map(|id| id.as_uuid()))
+            .bind(letter.kind.as_ref().map(|k| k.as_str()))
+            .bind(letter.correlation_id.map(|id| id.as_uuid()))
+            .bind(letter.payload.as_slice())
+            .bind(attempts)
+            .bind(letter.last_error.as_str())
+            .bind(letter.dedup_key.as_deref())
+            .bind(at)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|e| store_error("insert into core.dead_letters", e))?;
+            if let Some(id) = inserted {
+                return Ok(Recorded::New(DeadLetterId(id)));
+            }
+            // Only a pending letter with the same key conflicts, and a key is present.
+            let key = letter.dedup_key.as_deref().unwrap_or_default();
+            if let Some(existing) = self.pending_id(&letter.queue, key).await? {
+                tracing::debug!(queue = %letter.queue, id = %existing, "dead letter already pending");
+                return Ok(Recorded::Existing(existing));
+            }
+        }
+        Err(StoreError::unavailable(format!(
+            "the pending dead letter of queue {} with dedup key {:?} kept changing",
+            letter.queue, letter.dedup_key
+        )))
+    }
+
+    async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
+        sqlx::query(&format!(
+            "select {COLUMNS} from core.dead_letters where id = $1"
+        ))
+        .bind(id.0)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(|e| store_error("read core.dead_letters", e))?
+        .as_ref()
+        .map(dead_letter)
+        .transpose()
+    }
+
+    /// Only the given criteria become predicates, so the listing indexes serve each shape.
+    async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError> {
+        let mut query = QueryBuilder::new(format!(
+            "select {COLUMNS} from core.dead_letters where true"
+        ));
+        if let Some(status) = filter.status {
+            query.push(" and status = ").push_bind(status.as_str());
+        }
+        if let Some(queue) = &filter.queue {
+            query
+                .push(" and queue = ")
+                .push_bind(queue.as_str().to_owned());
+        }
+        if let Some(tenant) = filter.tenant_id {
+            query.push(" and tenant_id = ").push_bind(tenant.as_uuid());
+        }
+        if let Some(kind) = &filter.kind {
+            query
+                .push(" and kind = ")
+                .push_bind(kind.as_str().to_owned());
+        }
+        if let Some(after) = filter.after {
+            query.push(" and id > ").push_bind(after.0);
+        }
+        query
+            .push(" order by id limit ")
+            .push_bind(i64::from(filter.limit));
+        query
+            .build()
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| store_error("list core.dead_letters", e))?
+            .iter()
+            .map(dead_letter)
+            .collect()
+    }
+
+    async fn pending(
+        &self,
+        queue: &QueueName,
+        dedup_key: &str,
+    ) -> Result<Option<DeadLetterId>, StoreError> {
+        self.pending_id(queue, dedup_key).await
+    }
+
+    /// One `UPDATE ... WHERE status = 'pending_review'` (and the tenant, when given); when it
+    /// changes nothing, a read tells `AlreadyDone`, `Conflict` and `NotFound` apart. Another
+    /// tenant's letter is `NotFound` whatever its status, so its existence is not revealed.
+    /// Moving a letter back to `PendingReview` is refused as `Failed`.
+    async fn transition(
+        &self,
+        id: DeadLetterId,
+        to: DeadLetterStatus,
+        tenant: Option<TenantId>,
+        at: SystemTime,
+    ) -> Result<Transition, StoreError> {
+        if to == DeadLetterStatus::PendingReview {
+            return Err(StoreError::failed(
+                "a dead letter never goes back to pending_review",
+            ));
+        }
+        let tenant = tenant.map(|t| t.as_uuid());
+        let done = sqlx::query(
+            "update core.dead_letters set status = $1, updated_at = $2 \
+             where id = $3 and status = 'pending_review' \
+               and ($4::uuid is null or tenant_id = $4)",
+        )
+        .bind(to.as_str())
+        .bind(to_timestamp(at)?)
+        .bind(id.0)
+        .bind(tenant)
+        .execute(self.pool())
+        .await
+        .map_err(|e| store_error("update core.dead_letters", e))?;
+        if done.rows_affected() == 1 {
+            return Ok(Transition::Done);
+        }
+        let row: Option<(String, Option<Uuid>)> =
+            sqlx::query_as("select status, tenant_id from core.dead_letters where id = $1")
+                .bind(id.0)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(|e| store_error("read core.dead_letters", e))?;
+        let Some((status, owner)) = row else {
+            return Ok(Transition::NotFound);
+        };
+        if tenant.is_some() && owner != tenant {
+            return Ok(Transition::NotFound);
+        }
+        match parse(id.0, "status", &status)? {
+            current if current == to => Ok(Transition::AlreadyDone),
+            DeadLetterStatus::PendingReview => Err(StoreError::unavailable(format!(
+                "dead letter {id} is pending yet was not updated; try again"
+            ))),
+            current => Ok(Transition::Conflict(current)),
+        }
+    }
+}

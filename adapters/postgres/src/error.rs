@@ -1,0 +1,45 @@
+//! From sqlx errors to the port's [`StoreError`]: transient failures are `Unavailable` (the
+//! runtime retries the job later), everything else is `Failed`.
+
+use jobs_core::StoreError;
+
+/// SQLSTATEs after which the same statement may succeed: serialization failure, deadlock,
+/// the server shutting down, restarting or not yet accepting connections, too many
+/// connections.
+const TRANSIENT_SQLSTATES: [&str; 6] = ["40001", "40P01", "57P01", "57P02", "57P03", "53300"];
+
+/// Whether `e` is worth retrying: pool exhaustion or closing, I/O (connection refused, reset,
+/// closed), a connection exception (SQLSTATE class 08) or one of [`TRANSIENT_SQLSTATES`].
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("08") || TRANSIENT_SQLSTATES.contains(&&*code)),
+        _ => false,
+    }
+}
+
+/// `what` failed with `e`, classified by [`is_transient`]; the sqlx error is kept as source.
+pub(crate) fn store_error(what: &str, e: sqlx::Error) -> StoreError {
+    let message = format!("{what}: {e}");
+    let transient = is_transient(&e);
+    let source = Some(Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
+    if transient {
+        StoreError::Unavailable { message, source }
+    } else {
+        StoreError::Failed { message, source }
+    }
+}
+
+/// A stored value that does not decode into the port's types: the row is corrupt, which
+/// retrying cannot fix.
+pub(crate) fn corrupt(
+    what: String,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> StoreError {
+    StoreError::Failed {
+        message: format!("corrupt row: {what}: {source}"),
+        source: Some(Box::new(source)),
+    }
+}

@@ -1,0 +1,152 @@
+//! The PostgreSQL store of softcrum-jobs: `core.processed_jobs` claimed inside the work
+//! transaction, and `core.dead_letters`.
+//!
+//! [`PgStore`] implements [`WorkStore`], [`ProcessedJobs`] and [`DeadLetterStore`](jobs_core::DeadLetterStore). A work
+//! transaction, [`PgWorkTx`], is a real PostgreSQL transaction: the handler writes its business
+//! rows through [`PgWorkTx::conn`], and those rows commit or roll back together with the claim
+//! of `(job_id, consumer)`. That is what makes a redelivered job a no-op rather than a second
+//! effect.
+//!
+//! The schema is created by [`PgStore::migrate`], from the migrations embedded in this crate
+//! (tracked by sqlx in `_sqlx_migrations`); it is never run implicitly, so deployments choose
+//! when their schema changes. See ADR 0004 for the schema and why pending dead letters are
+//! deduplicated.
+//!
+//! Errors are classified for the runtime: connection, pool and I/O failures, serialization
+//! failures, deadlocks and server shutdowns are [`StoreError::Unavailable`] (retry later);
+//! everything else is [`StoreError::Failed`]. The sqlx error is kept as the source.
+//!
+//! ```no_run
+//! use jobs_adapter_postgres::PgStore;
+//! use jobs_core::{WorkStore, WorkTransaction, Claim, JobId, ConsumerName};
+//! use std::time::SystemTime;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = PgStore::connect("postgres://postgres@127.0.0.1:5432/app").await?;
+//! store.migrate().await?;
+//! let consumer: ConsumerName = "billing.invoice_mailer".parse()?;
+//! let mut tx = store.begin().await?;
+//! if tx.claim(JobId::generate(), &consumer, SystemTime::now()).await? == Claim::Claimed {
+//!     sqlx::query("select 1").execute(tx.conn()).await?; // the handler's writes
+//! }
+//! tx.commit().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod convert;
+mod dead_letters;
+mod error;
+mod tx;
+
+/// The sqlx this crate is built with: handlers write through [`PgWorkTx::conn`] with it, so
+/// they need the same version.
+pub use sqlx;
+pub use tx::PgWorkTx;
+
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use jobs_core::{ConsumerName, JobId, ProcessedJobs, StoreError, WorkStore};
+use sqlx::PgPool;
+use sqlx::migrate::{MigrateError, Migrator};
+
+use crate::error::store_error;
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The PostgreSQL store over a connection pool; clones share the pool.
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// Connects a pool with sqlx's default settings and checks one connection.
+    ///
+    /// An unreachable server is [`StoreError::Unavailable`]; a malformed URL or refused
+    /// credentials are [`StoreError::Failed`]. To size the pool or its timeouts, build a
+    /// [`PgPool`] yourself and use [`PgStore::from_pool`].
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPool::connect(url)
+            .await
+            .map_err(|e| store_error("connect to PostgreSQL", e))?;
+        Ok(PgStore { pool })
+    }
+
+    /// A store over an existing pool, e.g. the application's own, so handlers' tables and the
+    /// store's live in one database and commit in one transaction.
+    pub fn from_pool(pool: PgPool) -> Self {
+        PgStore { pool }
+    }
+
+    /// The pool, for the application's own queries outside work transactions.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Creates or updates the `core` schema: `core.processed_jobs` and `core.dead_letters`.
+    ///
+    /// Idempotent: sqlx records applied migrations in `_sqlx_migrations` and takes an advisory
+    /// lock, so concurrent or repeated calls are safe. Never called implicitly.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR.run(&self.pool).await.map_err(|e| match e {
+            MigrateError::Execute(e) => store_error("migrate the core schema", e),
+            other => StoreError::Failed {
+                message: format!("migrate the core schema: {other}"),
+                source: Some(Box::new(other)),
+            },
+        })?;
+        tracing::debug!("core schema migrated");
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl WorkStore for PgStore {
+    type Tx = PgWorkTx;
+
+    /// Opens a `READ COMMITTED` transaction: a concurrent claim of the same job blocks on the
+    /// unique key until this one ends.
+    async fn begin(&self) -> Result<PgWorkTx, StoreError> {
+        let tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| store_error("begin a work transaction", e))?;
+        Ok(PgWorkTx::new(tx))
+    }
+}
+
+#[async_trait]
+impl ProcessedJobs for PgStore {
+    async fn is_processed(
+        &self,
+        job_id: JobId,
+        consumer: &ConsumerName,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar(
+            "select exists (select 1 from core.processed_jobs where job_id = $1 and consumer = $2)",
+        )
+        .bind(job_id.as_uuid())
+        .bind(consumer.as_str())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| store_error("read core.processed_jobs", e))
+    }
+
+    /// One bounded `DELETE` by physical row id (`ctid`), so no call holds locks on more than
+    /// `batch` rows.
+    async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "delete from core.processed_jobs where ctid = any(array( \
+                select ctid from core.processed_jobs where processed_at < $1 limit $2))",
+        )
+        .bind(convert::to_timestamp(older_than)?)
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| store_error("purge core.processed_jobs", e))?;
+        Ok(done.rows_affected())
+    }
+}

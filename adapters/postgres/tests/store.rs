@@ -1,0 +1,368 @@
+//! `PgStore` against a real PostgreSQL: the store contract suite and what only PostgreSQL has
+//! (handlers writing in the work transaction, error classes, migrations).
+//!
+//! The server is `DATABASE_URL`, by default the local trust-auth `postgres` superuser. Every
+//! store gets a database of its own with a unique name, dropped when its test ends, pass or
+//! fail; a leftover from a killed run never collides with a later one.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use jobs_adapter_postgres::PgStore;
+use jobs_core::{
+    Claim, ConsumerName, DeadLetterStore, ErrorClass, JobId, NewDeadLetter, ProcessedJobs,
+    Recorded, StoreError, WorkStore, WorkTransaction,
+};
+use jobs_testkit::{contract, fixtures};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Throwaway databases on the test server, each with a unique name.
+struct Databases {
+    admin: PgPool,
+    server: PgConnectOptions,
+    created: Mutex<Vec<String>>,
+}
+
+impl Databases {
+    async fn connect() -> Arc<Self> {
+        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let server = PgConnectOptions::from_str(&url)
+            .expect("DATABASE_URL is a PostgreSQL URL")
+            .disable_statement_logging();
+        let admin = PgPoolOptions::new()
+            .max_connections(16)
+            .connect_with(server.clone())
+            .await
+            .unwrap_or_else(|e| panic!("PostgreSQL at {url} must be running for these tests: {e}"));
+        Arc::new(Databases {
+            admin,
+            server,
+            created: Mutex::new(vec![]),
+        })
+    }
+
+    /// A new empty database; its name is `jobs_test_<pid>_<counter>_<random>`.
+    async fn create(&self) -> PgConnectOptions {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let random = RandomState::new().hash_one((pid, n)) as u32;
+        let name = format!("jobs_test_{pid}_{n}_{random:08x}");
+        self.created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(name.clone());
+        sqlx::query(&format!("create database \"{name}\""))
+            .execute(&self.admin)
+            .await
+            .unwrap_or_else(|e| panic!("create database {name}: {e}"));
+        self.server.clone().database(&name)
+    }
+
+    /// A pool on a new empty database.
+    async fn pool(&self) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(self.create().await)
+            .await
+            .expect("connect to the test database")
+    }
+
+    /// A migrated store on a new database.
+    async fn store(&self) -> PgStore {
+        let store = PgStore::from_pool(self.pool().await);
+        store.migrate().await.expect("migrate");
+        store
+    }
+
+    /// Drops every database created, `with (force)` so open connections do not stop it, and
+    /// concurrently: one at a time, a dozen drops take seconds on a busy disk.
+    async fn drop_all(&self) {
+        let names =
+            std::mem::take(&mut *self.created.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut drops = tokio::task::JoinSet::new();
+        for name in names {
+            let admin = self.admin.clone();
+            drops.spawn(async move {
+                sqlx::query(&format!("drop database if exists \"{name}\" with (force)"))
+                    .execute(&admin)
+                    .await
+                    .unwrap_or_else(|e| panic!("drop database {name}: {e}"));
+            });
+        }
+        while let Some(dropped) = drops.join_next().await {
+            dropped.expect("a drop task");
+        }
+    }
+}
+
+/// Runs `test` with fresh databases and drops them afterwards, also when `test` panics.
+async fn with_databases<F, Fut>(test: F)
+where
+    F: FnOnce(Arc<Databases>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let dbs = Databases::connect().await;
+    let outcome = tokio::spawn(test(Arc::clone(&dbs))).await;
+    dbs.drop_all().await;
+    if let Err(e) = outcome {
+        match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("test task failed: {e}"),
+        }
+    }
+}
+
+fn consumer() -> ConsumerName {
+    "test.invoicer".parse().expect("a valid consumer name")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_contract() {
+    with_databases(|dbs| async move {
+        contract::store::run(|| {
+            let dbs = Arc::clone(&dbs);
+            async move { dbs.store().await }
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn migrate_twice_is_fine() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        store.migrate().await.expect("a second migrate");
+        PgStore::from_pool(store.pool().clone())
+            .migrate()
+            .await
+            .expect("a migrate from another handle");
+        let tables: Vec<Option<String>> = sqlx::query_scalar(
+            "select to_regclass(t)::text from unnest(array['core.processed_jobs', \
+             'core.dead_letters']) as t",
+        )
+        .fetch_all(store.pool())
+        .await
+        .expect("look up the tables");
+        assert_eq!(
+            tables,
+            vec![
+                Some("core.processed_jobs".to_owned()),
+                Some("core.dead_letters".to_owned())
+            ]
+        );
+        let mut tx = store.begin().await.expect("begin");
+        let claim = tx
+            .claim(JobId::generate(), &consumer(), SystemTime::now())
+            .await
+            .expect("claim after repeated migrations");
+        assert_eq!(claim, Claim::Claimed);
+        tx.commit().await.expect("commit");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unreachable_server_is_unavailable() {
+    // Port 1 refuses connections; sqlx retries until the acquire timeout.
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/postgres")
+        .expect("a valid URL");
+    let store = PgStore::from_pool(pool);
+    let begin = store.begin().await.map(|_| ());
+    let read = store
+        .is_processed(JobId::generate(), &consumer())
+        .await
+        .map(|_| ());
+    for result in [begin, read] {
+        let e = result.expect_err("nothing listens on port 1");
+        assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}");
+        assert_eq!(e.class(), ErrorClass::Retryable);
+    }
+}
+
+#[tokio::test]
+async fn missing_schema_is_a_permanent_failure() {
+    with_databases(|dbs| async move {
+        let store = PgStore::from_pool(dbs.pool().await);
+        let e = store
+            .is_processed(JobId::generate(), &consumer())
+            .await
+            .expect_err("core.processed_jobs does not exist before migrate");
+        assert!(matches!(e, StoreError::Failed { .. }), "{e:?}");
+        assert_eq!(e.class(), ErrorClass::Permanent);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn errors_are_classified_by_sqlstate() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        // A trigger that fails a claim with the SQLSTATE the session asks for.
+        sqlx::raw_sql(
+            "create function fail_claim() returns trigger language plpgsql as $$ \
+             begin \
+               if coalesce(current_setting('test.errcode', true), '') <> '' then \
+                 raise exception 'failed by the test' \
+                   using errcode = current_setting('test.errcode'); \
+               end if; \
+               return new; \
+             end $$; \
+             create trigger fail_claim before insert on core.processed_jobs \
+               for each row execute function fail_claim();",
+        )
+        .execute(store.pool())
+        .await
+        .expect("create the trigger");
+        for (code, class) in [
+            ("40001", ErrorClass::Retryable), // serialization_failure
+            ("40P01", ErrorClass::Retryable), // deadlock_detected
+            ("57P01", ErrorClass::Retryable), // admin_shutdown
+            ("08006", ErrorClass::Retryable), // connection_failure
+            ("23514", ErrorClass::Permanent), // check_violation
+            ("42501", ErrorClass::Permanent), // insufficient_privilege
+        ] {
+            let mut tx = store.begin().await.expect("begin");
+            sqlx::query("select set_config('test.errcode', $1, true)")
+                .bind(code)
+                .execute(tx.conn())
+                .await
+                .expect("set the error code");
+            let e = tx
+                .claim(JobId::generate(), &consumer(), SystemTime::now())
+                .await
+                .expect_err("the trigger fails the claim");
+            assert_eq!(e.class(), class, "SQLSTATE {code}: {e:?}");
+            let source = std::error::Error::source(&e).expect("the sqlx error is kept");
+            assert!(
+                source.to_string().contains("failed by the test"),
+                "{source}"
+            );
+            tx.rollback().await.expect("rollback");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn handler_writes_commit_and_roll_back_with_the_claim() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        sqlx::query("create table invoices (job_id uuid primary key, amount integer not null)")
+            .execute(store.pool())
+            .await
+            .expect("create the business table");
+        let invoiced = |job: JobId| {
+            let pool = store.pool().clone();
+            async move {
+                sqlx::query_scalar::<_, bool>(
+                    "select exists (select 1 from invoices where job_id = $1)",
+                )
+                .bind(job.as_uuid())
+                .fetch_one(&pool)
+                .await
+                .expect("read invoices")
+            }
+        };
+
+        let committed = JobId::generate();
+        let mut tx = store.begin().await.expect("begin");
+        assert_eq!(
+            tx.claim(committed, &consumer(), SystemTime::now())
+                .await
+                .expect("claim"),
+            Claim::Claimed
+        );
+        sqlx::query("insert into invoices (job_id, amount) values ($1, 42)")
+            .bind(committed.as_uuid())
+            .execute(tx.conn())
+            .await
+            .expect("the handler's write");
+        assert!(!invoiced(committed).await, "visible before commit");
+        tx.commit().await.expect("commit");
+        assert!(
+            invoiced(committed).await,
+            "the handler's row must commit with the claim"
+        );
+        assert!(
+            store
+                .is_processed(committed, &consumer())
+                .await
+                .expect("read")
+        );
+
+        let rolled_back = JobId::generate();
+        let mut tx = store.begin().await.expect("begin");
+        assert_eq!(
+            tx.claim(rolled_back, &consumer(), SystemTime::now())
+                .await
+                .expect("claim"),
+            Claim::Claimed
+        );
+        // Through `DerefMut` this time.
+        sqlx::query("insert into invoices (job_id, amount) values ($1, 7)")
+            .bind(rolled_back.as_uuid())
+            .execute(&mut *tx)
+            .await
+            .expect("the handler's write");
+        tx.rollback().await.expect("rollback");
+        assert!(
+            !invoiced(rolled_back).await,
+            "the handler's row must roll back with the claim"
+        );
+        assert!(
+            !store
+                .is_processed(rolled_back, &consumer())
+                .await
+                .expect("read")
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_records_of_one_key_make_one_pending_letter() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        let letter = NewDeadLetter {
+            job_id: Some(JobId::generate()),
+            queue: "test.race".parse().expect("a valid queue name"),
+            tenant_id: Some(fixtures::tenant(1)),
+            kind: Some(fixtures::kind("test.job")),
+            correlation_id: Some(fixtures::correlation()),
+            payload: b"{}".to_vec(),
+            attempts: 5,
+            last_error: "boom".to_owned(),
+            dedup_key: Some("job-1".to_owned()),
+            at: SystemTime::now(),
+        };
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, letter) = (store.clone(), letter.clone());
+                tokio::spawn(async move { store.record(letter).await })
+            })
+            .collect();
+        let mut outcomes = vec![];
+        for task in tasks {
+            outcomes.push(task.await.expect("task").expect("record"));
+        }
+        let new: Vec<_> = outcomes
+            .iter()
+            .filter(|r| matches!(r, Recorded::New(_)))
+            .collect();
+        assert_eq!(new.len(), 1, "{outcomes:?}");
+        let id = new[0].id();
+        assert!(outcomes.iter().all(|r| r.id() == id), "{outcomes:?}");
+    })
+    .await;
+}

@@ -1,0 +1,243 @@
+//! `dead_letters`.
+
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use jobs_core::{
+    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, NewDeadLetter,
+    QueueName, Recorded, StoreError, TenantId, Transition,
+};
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row};
+
+use crate::SqliteStore;
+use crate::convert::{from_millis, to_millis};
+use crate::error::{corrupt, store_error};
+
+const COLUMNS: &str = "id, job_id, queue, tenant_id, kind, correlation_id, payload, attempts, \
+                       last_error, dedup_key, status, created_at, updated_at";
+
+/// How often `record` retries when the pending letter it collided with left `pending_review`
+/// before it could be read (each retry needs another operator action to race with).
+const RECORD_ATTEMPTS: usize = 3;
+
+fn decode_err(e: sqlx::Error) -> StoreError {
+    store_error("decode a dead_letters row", e)
+}
+
+fn parse<T>(id: i64, column: &str, value: &str) -> Result<T, StoreError>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    value
+        .parse()
+        .map_err(|e| corrupt(format!("dead letter {id}: {column} `{value}`"), e))
+}
+
+fn column<T>(row: &SqliteRow, id: i64, name: &str) -> Result<Option<T>, StoreError>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    let text: Option<String> = row.try_get(name).map_err(decode_err)?;
+    text.map(|t| parse(id, name, &t)).transpose()
+}
+
+fn dead_letter(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
+    let id: i64 = row.try_get("id").map_err(decode_err)?;
+    let queue: String = row.try_get("queue").map_err(decode_err)?;
+    let attempts: i64 = row.try_get("attempts").map_err(decode_err)?;
+    let status: String = row.try_get("status").map_err(decode_err)?;
+    Ok(DeadLetter {
+        id: DeadLetterId(id),
+        letter: NewDeadLetter {
+            job_id: column(row, id, "job_id")?,
+            queue: parse(id, "queue", &queue)?,
+            tenant_id: column(row, id, "tenant_id")?,
+            kind: column(row, id, "kind")?,
+            correlation_id: column(row, id, "correlation_id")?,
+            payload: row.try_get("payload").map_err(decode_err)?,
+            attempts: u32::try_from(attempts)
+                .map_err(|e| corrupt(format!("dead letter {id}: attempts {attempts}"), e))?,
+            last_error: row.try_get("last_error").map_err(decode_err)?,
+            dedup_key: row.try_get("dedup_key").map_err(decode_err)?,
+            at: from_millis(row.try_get("created_at").map_err(decode_err)?)?,
+        },
+        status: parse(id, "status", &status)?,
+        updated_at: from_millis(row.try_get("updated_at").map_err(decode_err)?)?,
+    })
+}
+
+impl SqliteStore {
+    async fn pending_id(
+        &self,
+        queue: &QueueName,
+        dedup_key: &str,
+    ) -> Result<Option<DeadLetterId>, StoreError> {
+        let id: Option<i64> = sqlx::query_scalar(
+            "select id from dead_letters \
+             where queue = ?1 and dedup_key = ?2 and status = 'pending_review'",
+        )
+        .bind(queue.as_str())
+        .bind(dedup_key)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(|e| store_error("read dead_letters", e))?;
+        Ok(id.map(DeadLetterId))
+    }
+}
+
+#[async_trait]
+impl DeadLetterStore for SqliteStore {
+    /// `insert ... on conflict do nothing returning id` against the unique index of pending
+    /// letters by `(queue, dedup_key)`; on conflict, the pending letter's id.
+    async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
+        let at = to_millis(letter.at)?;
+        for _ in 0..RECORD_ATTEMPTS {
+            let inserted: Option<i64> = sqlx::query_scalar(
+                "insert into dead_letters (job_id, queue, tenant_id, kind, correlation_id, \
+                     payload, attempts, last_error, dedup_key, created_at, updated_at) \
+                 values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10) \
+                 on conflict (queue, dedup_key) \
+                     where status = 'pending_review' and dedup_key is not null do nothing \
+                 returning id",
+            )
+            .bind(letter.job_id.map(|id| id.to_string()))
+            .bind(letter.queue.as_str())
+            .bind(letter.tenant_id.map(|id| id.to_string()))
+            .bind(letter.kind.as_ref().map(|k| k.as_str()))
+            .bind(letter.correlation_id.map(|id| id.to_string()))
+            .bind(letter.payload.as_slice())
+            .bind(i64::from(letter.attempts))
+            .bind(letter.last_error.as_str())
+            .bind(letter.dedup_key.as_deref())
+            .bind(at)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|e| store_error("insert into dead_letters", e))?;
+            if let Some(id) = inserted {
+                return Ok(Recorded::New(DeadLetterId(id)));
+            }
+            // Only a pending letter with the same key conflicts, and a key is present.
+            let key = letter.dedup_key.as_deref().unwrap_or_default();
+            if let Some(existing) = self.pending_id(&letter.queue, key).await? {
+                tracing::debug!(queue = %letter.queue, id = %existing, "dead letter already pending");
+                return Ok(Recorded::Existing(existing));
+            }
+        }
+        Err(StoreError::unavailable(format!(
+            "the pending dead letter of queue {} with dedup key {:?} kept changing",
+            letter.queue, letter.dedup_key
+        )))
+    }
+
+    async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
+        sqlx::query(&format!("select {COLUMNS} from dead_letters where id = ?1"))
+            .bind(id.0)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|e| store_error("read dead_letters", e))?
+            .as_ref()
+            .map(dead_letter)
+            .transpose()
+    }
+
+    /// Only the given criteria become predicates, so the listing indexes serve each shape.
+    async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError> {
+        let mut query = QueryBuilder::new(format!("select {COLUMNS} from dead_letters where 1"));
+        if let Some(status) = filter.status {
+            query.push(" and status = ").push_bind(status.as_str());
+        }
+        if let Some(queue) = &filter.queue {
+            query
+                .push(" and queue = ")
+                .push_bind(queue.as_str().to_owned());
+        }
+        if let Some(tenant) = filter.tenant_id {
+            query
+                .push(" and tenant_id = ")
+                .push_bind(tenant.to_string());
+        }
+        if let Some(kind) = &filter.kind {
+            query
+                .push(" and kind = ")
+                .push_bind(kind.as_str().to_owned());
+        }
+        if let Some(after) = filter.after {
+            query.push(" and id > ").push_bind(after.0);
+        }
+        query
+            .push(" order by id limit ")
+            .push_bind(i64::from(filter.limit));
+        query
+            .build()
+            .fetch_all(self.pool())
+            .await
+            .map_err(|e| store_error("list dead_letters", e))?
+            .iter()
+            .map(dead_letter)
+            .collect()
+    }
+
+    async fn pending(
+        &self,
+        queue: &QueueName,
+        dedup_key: &str,
+    ) -> Result<Option<DeadLetterId>, StoreError> {
+        self.pending_id(queue, dedup_key).await
+    }
+
+    /// One `UPDATE ... WHERE status = 'pending_review'` (and the tenant, when given); when it
+    /// changes nothing, a read tells `AlreadyDone`, `Conflict` and `NotFound` apart. Another
+    /// tenant's letter is `NotFound` whatever its status, so its existence is not revealed.
+    /// Moving a letter back to `PendingReview` is refused as `Failed`.
+    async fn transition(
+        &self,
+        id: DeadLetterId,
+        to: DeadLetterStatus,
+        tenant: Option<TenantId>,
+        at: SystemTime,
+    ) -> Result<Transition, StoreError> {
+        if to == DeadLetterStatus::PendingReview {
+            return Err(StoreError::failed(
+                "a dead letter never goes back to pending_review",
+            ));
+        }
+        let tenant = tenant.map(|t| t.to_string());
+        let done = sqlx::query(
+            "update dead_letters set status = ?1, updated_at = ?2 \
+             where id = ?3 and status = 'pending_review' \
+               and (?4 is null or tenant_id = ?4)",
+        )
+        .bind(to.as_str())
+        .bind(to_millis(at)?)
+        .bind(id.0)
+        .bind(tenant.as_deref())
+        .execute(self.pool())
+        .await
+        .map_err(|e| store_error("update dead_letters", e))?;
+        if done.rows_affected() == 1 {
+            return Ok(Transition::Done);
+        }
+        let row: Option<(String, Option<String>)> =
+            sqlx::query_as("select status, tenant_id from dead_letters where id = ?1")
+                .bind(id.0)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(|e| store_error("read dead_letters", e))?;
+        let Some((status, owner)) = row else {
+            return Ok(Transition::NotFound);
+        };
+        if tenant.is_some() && owner != tenant {
+            return Ok(Transition::NotFound);
+        }
+        match parse(id.0, "status", &status)? {
+            current if current == to => Ok(Transition::AlreadyDone),
+            DeadLetterStatus::PendingReview => Err(StoreError::unavailable(format!(
+                "dead letter {id} is pending yet was not updated; try again"
+            ))),
+            current => Ok(Transition::Conflict(current)),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The work transaction.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use jobs_core::{Claim, ConsumerName, JobId, StoreError, WorkTransaction};
+use sqlx::{Sqlite, SqliteConnection, Transaction};
+
+use crate::convert::to_millis;
+use crate::error::store_error;
+
+/// A work transaction on SQLite (`BEGIN IMMEDIATE`): the claim in `processed_jobs` and the
+/// handler's own writes, made through [`SqliteWorkTx::conn`], commit or roll back together.
+///
+/// It holds the database's write lock until it ends, so keep handlers short. Dropping it
+/// without [`commit`](WorkTransaction::commit) rolls it back. It dereferences to the
+/// [`SqliteConnection`] as well, so `&mut *tx` is an executor too.
+pub struct SqliteWorkTx {
+    tx: Transaction<'static, Sqlite>,
+}
+
+impl SqliteWorkTx {
+    pub(crate) fn new(tx: Transaction<'static, Sqlite>) -> Self {
+        SqliteWorkTx { tx }
+    }
+
+    /// The transaction's connection: a handler's queries run on it, inside the work
+    /// transaction.
+    ///
+    /// ```no_run
+    /// use jobs_adapter_sqlite::SqliteWorkTx;
+    /// use jobs_core::{JobId, TenantId};
+    ///
+    /// /// A handler: its row commits with the claim, so a redelivery cannot insert it twice.
+    /// async fn issue_invoice(
+    ///     tx: &mut SqliteWorkTx,
+    ///     job_id: JobId,
+    ///     tenant: TenantId,
+    /// ) -> Result<(), sqlx::Error> {
+    ///     sqlx::query("insert into invoices (job_id, tenant_id) values (?1, ?2)")
+    ///         .bind(job_id.to_string())
+    ///         .bind(tenant.to_string())
+    ///         .execute(tx.conn())
+    ///         .await?;
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+impl Deref for SqliteWorkTx {
+    type Target = SqliteConnection;
+
+    fn deref(&self) -> &SqliteConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for SqliteWorkTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+impl fmt::Debug for SqliteWorkTx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteWorkTx").finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl WorkTransaction for SqliteWorkTx {
+    /// `insert ... on conflict do nothing`: one row inserted is [`Claim::Claimed`], none is
+    /// [`Claim::AlreadyProcessed`]. The write lock taken by `begin` means no other transaction
+    /// can hold an uncommitted claim meanwhile.
+    async fn claim(
+        &mut self,
+        job_id: JobId,
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        let done = sqlx::query(
+            "insert into processed_jobs (job_id, consumer, processed_at) values (?1, ?2, ?3) \
+             on conflict (job_id, consumer) do nothing",
+        )
+        .bind(job_id.to_string())
+        .bind(consumer.as_str())
+        .bind(to_millis(at)?)
+        .execute(&mut *self.tx)
+        .await
+        .map_err(|e| store_error("claim in processed_jobs", e))?;
+        Ok(if done.rows_affected() == 1 {
+            Claim::Claimed
+        } else {
+            Claim::AlreadyProcessed
+        })
+    }
+
+    async fn commit(self) -> Result<(), StoreError> {
+        self.tx
+            .commit()
+            .await
+            .map_err(|e| store_error("commit the work transaction", e))
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        self.tx
+            .rollback()
+            .await
+            .map_err(|e| store_error("roll back the work transaction", e))
+    }
+}

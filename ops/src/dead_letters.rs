@@ -1,0 +1,200 @@
+//! `jobsctl dead-letters` and `jobsctl cleanup`: reviewing what the runtime gave up on.
+
+use std::io::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use jobs_core::{DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, Transition};
+use serde_json::{Value, json};
+
+use crate::compose::Store;
+
+/// Prints the letters matching `filter`, as a table or JSON Lines.
+pub(crate) async fn list(
+    store: &Store,
+    filter: &DeadLetterFilter,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<()> {
+    let letters = store.dead_letters().list(filter).await?;
+    if as_json {
+        for letter in &letters {
+            writeln!(out, "{}", to_json(letter))?;
+        }
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:>6}  {:<14}  {:<24}  {:<24}  {:>8}  last error",
+        "id", "status", "queue", "kind", "attempts"
+    )?;
+    for letter in &letters {
+        let l = &letter.letter;
+        writeln!(
+            out,
+            "{:>6}  {:<14}  {:<24}  {:<24}  {:>8}  {}",
+            letter.id,
+            letter.status.as_str(),
+            l.queue.as_str(),
+            l.kind.as_ref().map_or("-", |k| k.as_str()),
+            l.attempts,
+            first_line(&l.last_error, 60)
+        )?;
+    }
+    if letters.len() == usize::try_from(filter.limit).unwrap_or(usize::MAX) {
+        if let Some(last) = letters.last() {
+            writeln!(out, "(more may follow: --after {})", last.id)?;
+        }
+    }
+    Ok(())
+}
+
+/// Prints one letter in full.
+pub(crate) async fn show(store: &Store, id: DeadLetterId, out: &mut impl Write) -> Result<()> {
+    let letter = store
+        .dead_letters()
+        .get(id)
+        .await?
+        .with_context(|| format!("dead letter {id} not found"))?;
+    writeln!(out, "{}", serde_json::to_string_pretty(&to_json(&letter))?)?;
+    Ok(())
+}
+
+/// Discards each letter; already-discarded ones are reported, not errors.
+pub(crate) async fn discard(
+    store: &Store,
+    ids: &[DeadLetterId],
+    tenant: Option<jobs_core::TenantId>,
+    out: &mut impl Write,
+) -> Result<()> {
+    let mut failed = 0;
+    for &id in ids {
+        let result = store
+            .dead_letters()
+            .transition(id, DeadLetterStatus::Discarded, tenant, SystemTime::now())
+            .await?;
+        let line = match result {
+            Transition::Done => "discarded".to_owned(),
+            Transition::AlreadyDone => "already discarded".to_owned(),
+            Transition::Conflict(status) => {
+                failed += 1;
+                format!("not discarded: it is {status}")
+            }
+            Transition::NotFound => {
+                failed += 1;
+                "not found".to_owned()
+            }
+        };
+        writeln!(out, "{id}: {line}")?;
+    }
+    if failed > 0 {
+        bail!(
+            "{failed} of {} dead letters could not be discarded",
+            ids.len()
+        );
+    }
+    Ok(())
+}
+
+/// Deletes `processed_jobs` rows older than `older_than`.
+pub(crate) async fn cleanup(
+    store: &Store,
+    older_than: Duration,
+    out: &mut impl Write,
+) -> Result<()> {
+    let cleanup = jobs_consumers::ProcessedCleanup::new(store.processed());
+    let deleted = cleanup.purge(Some(older_than)).await?;
+    writeln!(
+        out,
+        "deleted {deleted} processed_jobs rows older than {older_than:?}"
+    )?;
+    Ok(())
+}
+
+fn first_line(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    if line.chars().count() > max {
+        format!("{}…", line.chars().take(max).collect::<String>())
+    } else {
+        line.to_owned()
+    }
+}
+
+fn millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn to_json(letter: &DeadLetter) -> Value {
+    let l = &letter.letter;
+    let payload = match std::str::from_utf8(&l.payload) {
+        Ok(text) => json!({ "encoding": "utf-8", "text": text }),
+        Err(_) => json!({
+            "encoding": "hex",
+            "hex": l.payload.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        }),
+    };
+    json!({
+        "id": letter.id.0,
+        "status": letter.status.as_str(),
+        "queue": l.queue.as_str(),
+        "job_id": l.job_id.map(|id| id.to_string()),
+        "tenant_id": l.tenant_id.map(|id| id.to_string()),
+        "correlation_id": l.correlation_id.map(|id| id.to_string()),
+        "kind": l.kind.as_ref().map(|k| k.as_str()),
+        "attempts": l.attempts,
+        "last_error": l.last_error,
+        "created_at_ms": millis(l.at),
+        "updated_at_ms": millis(letter.updated_at),
+        "payload": payload,
+    })
+}
+
+/// Parses `30d`, `12h`, `90m`, `45s` or a combination like `1h30m`.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration> {
+    let mut total = 0u64;
+    let mut number = String::new();
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let unit = match c {
+            'd' => 86_400,
+            'h' => 3_600,
+            'm' => 60,
+            's' => 1,
+            _ => bail!("`{text}`: unknown unit `{c}` (use d, h, m or s, e.g. 30d or 1h30m)"),
+        };
+        let n: u64 = number
+            .parse()
+            .with_context(|| format!("`{text}`: a number must precede `{c}`"))?;
+        total += n * unit;
+        number.clear();
+    }
+    if !number.is_empty() || text.is_empty() {
+        bail!("`{text}`: every number needs a unit (d, h, m or s), e.g. 30d");
+    }
+    Ok(Duration::from_secs(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_with_units_and_refuse_bare_numbers() {
+        assert_eq!(
+            parse_duration("30d").expect("ok"),
+            Duration::from_secs(30 * 86_400)
+        );
+        assert_eq!(
+            parse_duration("1h30m").expect("ok"),
+            Duration::from_secs(5_400)
+        );
+        assert!(parse_duration("30").is_err());
+        assert!(parse_duration("3w").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

@@ -1,0 +1,199 @@
+//! The real `jobsctl` binary: migrate, dead letters, cleanup and envelope validation.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+
+use jobs_adapter_sqlite::SqliteStore;
+use jobs_core::{DeadLetterStore, NewDeadLetter, QueueName};
+
+fn jobsctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_jobsctl"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("jobsctl runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A SQLite file path unique to this test, removed at the end.
+struct TempDb(PathBuf);
+
+impl TempDb {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("jobsctl-{name}-{}.db", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        TempDb(path)
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.0.display())
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = self.0.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[tokio::test]
+async fn migrate_then_review_and_discard_dead_letters_on_sqlite() {
+    let db = TempDb::new("review");
+    let url = db.url();
+    let migrated = jobsctl(&["migrate", "--database-url", &url]);
+    assert!(migrated.status.success(), "{migrated:?}");
+    assert!(
+        jobsctl(&["migrate", "--database-url", &url])
+            .status
+            .success(),
+        "idempotent"
+    );
+
+    let store = Arc::new(SqliteStore::open(&db.0).await.expect("open"));
+    let queue: QueueName = "billing.invoices".parse().expect("valid");
+    for (n, payload) in [&b"\xff\x00not json"[..], b"{\"kind\":\"x\"}"]
+        .iter()
+        .enumerate()
+    {
+        store
+            .record(NewDeadLetter {
+                job_id: None,
+                queue: queue.clone(),
+                tenant_id: None,
+                kind: None,
+                correlation_id: None,
+                payload: payload.to_vec(),
+                attempts: 1,
+                last_error: format!("poison number {n}"),
+                dedup_key: None,
+                at: std::time::SystemTime::now(),
+            })
+            .await
+            .expect("record");
+    }
+    store.pool().close().await;
+
+    let list = jobsctl(&["dead-letters", "list", "--database-url", &url]);
+    assert!(list.status.success(), "{list:?}");
+    let table = stdout(&list);
+    assert!(
+        table.contains("poison number 0") && table.contains("poison number 1"),
+        "{table}"
+    );
+
+    let shown = jobsctl(&["dead-letters", "show", "1", "--database-url", &url]);
+    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("show prints JSON");
+    assert_eq!(
+        json["payload"]["hex"], "ff006e6f74206a736f6e",
+        "raw bytes shown intact"
+    );
+
+    let discard = jobsctl(&["dead-letters", "discard", "1", "--database-url", &url]);
+    assert!(discard.status.success(), "{discard:?}");
+    let again = jobsctl(&["dead-letters", "discard", "1", "--database-url", &url]);
+    assert!(
+        again.status.success() && stdout(&again).contains("already discarded"),
+        "{again:?}"
+    );
+    let missing = jobsctl(&["dead-letters", "discard", "99", "--database-url", &url]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+
+    let pending = jobsctl(&[
+        "dead-letters",
+        "list",
+        "--status",
+        "pending_review",
+        "--json",
+        "--database-url",
+        &url,
+    ]);
+    let lines: Vec<serde_json::Value> = stdout(&pending)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON Lines"))
+        .collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["id"], 2);
+
+    let cleanup = jobsctl(&[
+        "cleanup",
+        "processed",
+        "--older-than",
+        "30d",
+        "--database-url",
+        &url,
+    ]);
+    assert!(cleanup.status.success(), "{cleanup:?}");
+    let bad = jobsctl(&[
+        "cleanup",
+        "processed",
+        "--older-than",
+        "30",
+        "--database-url",
+        &url,
+    ]);
+    assert_eq!(
+        bad.status.code(),
+        Some(2),
+        "a duration without a unit is a usage error"
+    );
+}
+
+#[test]
+fn envelope_validate_names_the_field_of_each_invalid_envelope() {
+    let valid = r#"{"job_id":"017f22e2-79b0-7cc3-98c4-dc0c0c07398f","tenant_id":"0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90","correlation_id":"0192f0a4-8d7e-7c3b-a1f2-6e5d4c3b2a19","kind":"billing.invoice_issued","data":{}}"#;
+    let corpus = [
+        (valid.to_owned(), None),
+        (valid.replace("7cc3", "4cc3"), Some("job_id")),
+        (valid.replace("0b6c5e5a", "0b6c5e5"), Some("tenant_id")),
+        (
+            valid.replace("0192f0a4-8d7e-7c3b", "0192f0a4-8d7e-0c3b"),
+            Some("correlation_id"),
+        ),
+        (
+            valid.replace("billing.invoice_issued", "Billing"),
+            Some("kind"),
+        ),
+        (valid.replace(r#","data":{}"#, ""), Some("data")),
+        (
+            valid.replace(r#""data":{}"#, r#""data":{},"extra":1"#),
+            Some("extra"),
+        ),
+    ];
+    for (envelope, field) in &corpus {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_jobsctl"))
+            .args(["envelope", "validate", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("jobsctl runs");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(envelope.as_bytes())
+            .expect("write");
+        let output = child.wait_with_output().expect("finishes");
+        match field {
+            None => assert_eq!(output.status.code(), Some(0), "{}", stdout(&output)),
+            Some(field) => {
+                assert_eq!(output.status.code(), Some(1), "{envelope}");
+                assert!(
+                    stdout(&output).contains(&format!("invalid: {field}:")),
+                    "{field} not named: {}",
+                    stdout(&output)
+                );
+            }
+        }
+    }
+    let usage = jobsctl(&["envelope", "validate", "/no/such/file.json"]);
+    assert_eq!(usage.status.code(), Some(2));
+}

@@ -1,0 +1,6 @@
+//! End-to-end tests of the composition: the real `jobsctl` binary, and the worker runtime on
+//! real stores.
+
+mod cli;
+mod pg;
+mod postgres;

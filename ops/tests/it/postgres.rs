@@ -1,0 +1,234 @@
+//! The worker runtime on PostgreSQL: a handler's business row is committed exactly once, however
+//! often its job is delivered.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jobs_adapter_memory::MemoryQueue;
+use jobs_adapter_postgres::{PgStore, PgWorkTx};
+use jobs_consumers::{Handler, Job, JobError, Outcome, Worker, WorkerConfig};
+use jobs_core::{
+    ConsumerName, ConsumerPort, Delivery, Lease, ManualClock, PublishOptions, QueueError,
+    QueueName, QueuePort,
+};
+use serde::Deserialize;
+
+use crate::pg::TestDb;
+
+#[derive(Deserialize)]
+struct Invoice {
+    invoice: i64,
+}
+
+/// Books the invoice in the same transaction as the processed_jobs claim.
+struct Book;
+
+#[async_trait]
+impl Handler<PgWorkTx> for Book {
+    type Data = Invoice;
+
+    async fn handle(&self, job: Job<Invoice>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        sqlx::query("insert into booked (invoice, job_id) values ($1, $2)")
+            .bind(job.envelope.data.invoice)
+            .bind(job.envelope.job_id.as_uuid())
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
+        Ok(())
+    }
+}
+
+/// Fails the first `n` acks, as if the worker died between commit and ack.
+struct LosesAcks {
+    inner: MemoryQueue,
+    fail: AtomicUsize,
+}
+
+#[async_trait]
+impl ConsumerPort for LosesAcks {
+    async fn receive(
+        &self,
+        q: &QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        self.inner.receive(q, max, lease).await
+    }
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+        if self
+            .fail
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(QueueError::Unavailable {
+                queue: lease.queue().clone(),
+                message: "crashed before the ack".into(),
+                source: None,
+            });
+        }
+        self.inner.ack(lease).await
+    }
+    async fn retry_at(&self, lease: &Lease, at: std::time::SystemTime) -> Result<(), QueueError> {
+        self.inner.retry_at(lease, at).await
+    }
+    async fn defer(&self, lease: &Lease, until: std::time::SystemTime) -> Result<(), QueueError> {
+        self.inner.defer(lease, until).await
+    }
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
+        self.inner.extend(lease, by).await
+    }
+}
+
+fn one_at_a_time() -> WorkerConfig {
+    let mut config = WorkerConfig::default();
+    config.concurrency = 1;
+    config
+}
+
+#[tokio::test]
+async fn a_business_row_is_committed_once_under_duplicates_and_a_crash_before_ack() {
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    let store = PgStore::from_pool(pool.clone());
+    store.migrate().await.expect("migrate");
+    sqlx::query("create table booked (invoice bigint not null, job_id uuid not null)")
+        .execute(&pool)
+        .await
+        .expect("create the business table");
+
+    let clock = ManualClock::default();
+    let queue = MemoryQueue::new(Arc::new(clock.clone()));
+    let name: QueueName = "billing.invoices".parse().expect("valid");
+    let transport = Arc::new(LosesAcks {
+        inner: queue.clone(),
+        fail: AtomicUsize::new(1),
+    });
+    let worker = Worker::builder(
+        ConsumerName::try_from("billing.booker").expect("valid"),
+        name.clone(),
+        transport,
+        Arc::new(store.clone()),
+        Arc::new(store.clone()),
+    )
+    .handler("billing.invoice_issued".parse().expect("valid"), Book)
+    .clock(Arc::new(clock.clone()))
+    .config(one_at_a_time())
+    .build()
+    .expect("a valid worker");
+
+    let envelope = jobs_testkit::fixtures::envelope_with(
+        1,
+        "billing.invoice_issued",
+        serde_json::json!({ "invoice": 42 }),
+    );
+    for copy in 0..4 {
+        let opts = PublishOptions::default().dedup_key(format!("copy-{copy}"));
+        queue
+            .publish(&name, &envelope, opts)
+            .await
+            .expect("publish");
+    }
+    let mut outcomes = vec![];
+    for _ in 0..8 {
+        outcomes.extend(worker.run_once().await.expect("receive"));
+        clock.advance(Duration::from_secs(120));
+    }
+    let processed = outcomes
+        .iter()
+        .filter(|o| **o == Outcome::Processed)
+        .count();
+    let duplicates = outcomes
+        .iter()
+        .filter(|o| **o == Outcome::Duplicate)
+        .count();
+    let unsettled = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Unsettled { .. }))
+        .count();
+    assert_eq!(
+        (processed, unsettled),
+        (0, 1),
+        "the first commit lost its ack: {outcomes:?}"
+    );
+    assert_eq!(
+        duplicates, 4,
+        "every other copy is a duplicate: {outcomes:?}"
+    );
+
+    let rows: Vec<(i64,)> = sqlx::query_as("select invoice from booked")
+        .fetch_all(&pool)
+        .await
+        .expect("query");
+    assert_eq!(rows, [(42,)], "exactly one business row");
+    pool.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_failing_handler_leaves_no_business_row_and_no_claim() {
+    struct Fails;
+    #[async_trait]
+    impl Handler<PgWorkTx> for Fails {
+        type Data = Invoice;
+        async fn handle(&self, job: Job<Invoice>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+            sqlx::query("insert into booked (invoice, job_id) values ($1, $2)")
+                .bind(job.envelope.data.invoice)
+                .bind(job.envelope.job_id.as_uuid())
+                .execute(tx.conn())
+                .await
+                .map_err(JobError::retry)?;
+            Err(JobError::retry("the ledger is down after the insert"))
+        }
+    }
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    let store = PgStore::from_pool(pool.clone());
+    store.migrate().await.expect("migrate");
+    sqlx::query("create table booked (invoice bigint not null, job_id uuid not null)")
+        .execute(&pool)
+        .await
+        .expect("create the business table");
+    let queue = MemoryQueue::new(Arc::new(ManualClock::default()));
+    let name: QueueName = "billing.invoices".parse().expect("valid");
+    let worker = Worker::builder(
+        ConsumerName::try_from("billing.booker").expect("valid"),
+        name.clone(),
+        Arc::new(queue.clone()),
+        Arc::new(store.clone()),
+        Arc::new(store.clone()),
+    )
+    .handler("billing.invoice_issued".parse().expect("valid"), Fails)
+    .build()
+    .expect("valid");
+    let envelope = jobs_testkit::fixtures::envelope_with(
+        1,
+        "billing.invoice_issued",
+        serde_json::json!({ "invoice": 7 }),
+    );
+    queue
+        .publish(&name, &envelope, PublishOptions::default())
+        .await
+        .expect("publish");
+    let outcomes = worker.run_once().await.expect("receive");
+    assert!(
+        matches!(outcomes[..], [Outcome::Retrying { .. }]),
+        "{outcomes:?}"
+    );
+    let (booked,): (i64,) = sqlx::query_as("select count(*) from booked")
+        .fetch_one(&pool)
+        .await
+        .expect("query");
+    let (claims,): (i64,) = sqlx::query_as("select count(*) from core.processed_jobs")
+        .fetch_one(&pool)
+        .await
+        .expect("query");
+    assert_eq!(
+        (booked, claims),
+        (0, 0),
+        "the rollback took the row and the claim"
+    );
+    pool.close().await;
+    db.drop_db().await;
+}

@@ -1,0 +1,952 @@
+//! The store contract: [`WorkStore`] and its [`WorkTransaction`], [`ProcessedJobs`] and
+//! [`DeadLetterStore`] together, as every SQL engine (and the in-memory double) must provide
+//! them.
+//!
+//! The work transaction is what makes consumption exactly-once in effect: a claim becomes
+//! visible only with the commit that carries the handler's writes, and a second transaction
+//! claiming the same job waits for the first to end. Dead letters are deduplicated while
+//! pending, so a dead letter that was written but whose message was not acked does not become a
+//! second pending letter when the message comes back.
+//!
+//! Times are compared at millisecond precision: that is what every engine keeps at least.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jobs_core::{
+    Claim, ConsumerName, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
+    DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded, StoreError,
+    Transition, WorkStore, WorkTransaction,
+};
+
+use crate::fixtures;
+
+/// How long a check waits for a claim blocked behind another transaction before failing: a
+/// broken store fails the check instead of hanging the test run.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Runs every check of the store contract, each on a fresh, migrated, empty store from `make`.
+pub async fn run<S, F, Fut>(make: F)
+where
+    S: WorkStore + DeadLetterStore + ProcessedJobs,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    claim_is_visible_after_commit(make().await).await;
+    rollback_discards_the_claim(make().await).await;
+    consumers_claim_independently(make().await).await;
+    concurrent_claim_waits_for_commit(make().await).await;
+    concurrent_claim_after_rollback_claims(make().await).await;
+    records_and_gets_dead_letters_exactly(make().await).await;
+    deduplicates_pending_dead_letters(make().await).await;
+    lists_dead_letters_by_filter_in_id_order(make().await).await;
+    paginates_dead_letters_with_a_cursor(make().await).await;
+    transitions_dead_letters_once(make().await).await;
+    transitions_only_the_tenants_dead_letters(make().await).await;
+    purges_processed_jobs_in_bounded_batches(make().await).await;
+}
+
+/// A fixed instant with sub-millisecond digits, `secs` seconds after the base, so that engines
+/// that keep only milliseconds are exercised.
+fn time(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::new(1_800_000_000 + secs, 123_456_789)
+}
+
+fn truncate_ms(t: SystemTime) -> SystemTime {
+    let since = t
+        .duration_since(UNIX_EPOCH)
+        .expect("contract times are after the epoch");
+    UNIX_EPOCH
+        + Duration::from_millis(
+            u64::try_from(since.as_millis()).expect("contract times fit in u64 milliseconds"),
+        )
+}
+
+/// A dead letter with its times truncated to milliseconds, for comparison.
+fn at_ms(mut letter: DeadLetter) -> DeadLetter {
+    letter.letter.at = truncate_ms(letter.letter.at);
+    letter.updated_at = truncate_ms(letter.updated_at);
+    letter
+}
+
+fn queue(name: &str) -> QueueName {
+    format!("contract.{name}")
+        .parse()
+        .expect("a valid queue name")
+}
+
+fn consumer(name: &str) -> ConsumerName {
+    format!("contract.{name}")
+        .parse()
+        .expect("a valid consumer name")
+}
+
+/// A complete dead letter on `q`, numbered `n` (which shows in its payload and error).
+fn letter(q: &QueueName, n: u32, dedup_key: Option<&str>) -> NewDeadLetter {
+    NewDeadLetter {
+        job_id: Some(JobId::generate()),
+        queue: q.clone(),
+        tenant_id: Some(fixtures::tenant(1)),
+        kind: Some(fixtures::kind("test.job")),
+        correlation_id: Some(fixtures::correlation()),
+        payload: format!("{{\"n\":{n}}}").into_bytes(),
+        attempts: 5,
+        last_error: format!("handler failed on letter {n}"),
+        dedup_key: dedup_key.map(str::to_owned),
+        at: time(u64::from(n)),
+    }
+}
+
+async fn begin<S: WorkStore>(check: &str, store: &S) -> S::Tx {
+    store
+        .begin()
+        .await
+        .unwrap_or_else(|e| panic!("{check}: begin: {e}"))
+}
+
+async fn claim<T: WorkTransaction>(
+    check: &str,
+    tx: &mut T,
+    job_id: JobId,
+    consumer: &ConsumerName,
+) -> Claim {
+    tx.claim(job_id, consumer, time(0))
+        .await
+        .unwrap_or_else(|e| panic!("{check}: claim: {e}"))
+}
+
+async fn commit<T: WorkTransaction>(check: &str, tx: T) {
+    tx.commit()
+        .await
+        .unwrap_or_else(|e| panic!("{check}: commit: {e}"));
+}
+
+async fn rollback<T: WorkTransaction>(check: &str, tx: T) {
+    tx.rollback()
+        .await
+        .unwrap_or_else(|e| panic!("{check}: rollback: {e}"));
+}
+
+async fn is_processed<S: ProcessedJobs>(
+    check: &str,
+    store: &S,
+    job_id: JobId,
+    consumer: &ConsumerName,
+) -> bool {
+    store
+        .is_processed(job_id, consumer)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: is_processed: {e}"))
+}
+
+async fn record<S: DeadLetterStore>(check: &str, store: &S, letter: NewDeadLetter) -> Recorded {
+    store
+        .record(letter)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: record: {e}"))
+}
+
+async fn get<S: DeadLetterStore>(check: &str, store: &S, id: DeadLetterId) -> DeadLetter {
+    store
+        .get(id)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: get: {e}"))
+        .unwrap_or_else(|| panic!("{check}: dead letter {id} not found"))
+}
+
+async fn list<S: DeadLetterStore>(
+    check: &str,
+    store: &S,
+    filter: &DeadLetterFilter,
+) -> Vec<DeadLetterId> {
+    store
+        .list(filter)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: list {filter:?}: {e}"))
+        .iter()
+        .map(|d| d.id)
+        .collect()
+}
+
+async fn pending<S: DeadLetterStore>(
+    check: &str,
+    store: &S,
+    q: &QueueName,
+    key: &str,
+) -> Option<DeadLetterId> {
+    store
+        .pending(q, key)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: pending: {e}"))
+}
+
+async fn transition<S: DeadLetterStore>(
+    check: &str,
+    store: &S,
+    id: DeadLetterId,
+    to: DeadLetterStatus,
+    tenant: Option<u32>,
+    at: SystemTime,
+) -> Transition {
+    store
+        .transition(id, to, tenant.map(fixtures::tenant), at)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: transition: {e}"))
+}
+
+fn new_id(check: &str, recorded: Recorded) -> DeadLetterId {
+    match recorded {
+        Recorded::New(id) => id,
+        Recorded::Existing(id) => panic!("{check}: expected a new dead letter, got existing {id}"),
+    }
+}
+
+/// A claim is invisible until commit; once committed the job is processed for good, and a
+/// later transaction's claim answers `AlreadyProcessed`.
+pub async fn claim_is_visible_after_commit<S: WorkStore + ProcessedJobs>(store: S) {
+    let check = "claim_is_visible_after_commit";
+    let job = JobId::generate();
+    let c = consumer("mailer");
+    let mut tx = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut tx, job, &c).await,
+        Claim::Claimed,
+        "{check}: a new job must be claimed"
+    );
+    assert!(
+        !is_processed(check, &store, job, &c).await,
+        "{check}: an uncommitted claim must not be visible"
+    );
+    commit(check, tx).await;
+    assert!(
+        is_processed(check, &store, job, &c).await,
+        "{check}: a committed claim must be processed"
+    );
+    let mut again = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut again, job, &c).await,
+        Claim::AlreadyProcessed,
+        "{check}: a committed job must not be claimed again"
+    );
+    rollback(check, again).await;
+    assert!(
+        is_processed(check, &store, job, &c).await,
+        "{check}: rolling back a duplicate must not undo the first commit"
+    );
+}
+
+/// A rolled-back claim leaves nothing behind: the job can be claimed again.
+pub async fn rollback_discards_the_claim<S: WorkStore + ProcessedJobs>(store: S) {
+    let check = "rollback_discards_the_claim";
+    let job = JobId::generate();
+    let c = consumer("mailer");
+    let mut tx = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut tx, job, &c).await,
+        Claim::Claimed,
+        "{check}: first claim"
+    );
+    rollback(check, tx).await;
+    assert!(
+        !is_processed(check, &store, job, &c).await,
+        "{check}: a rolled-back claim must not be processed"
+    );
+    let mut retry = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut retry, job, &c).await,
+        Claim::Claimed,
+        "{check}: a rolled-back job must be claimable again"
+    );
+    commit(check, retry).await;
+    assert!(
+        is_processed(check, &store, job, &c).await,
+        "{check}: the retried claim must be processed after commit"
+    );
+}
+
+/// `(job_id, consumer)` is the key: two consumers of one job each process it once.
+pub async fn consumers_claim_independently<S: WorkStore + ProcessedJobs>(store: S) {
+    let check = "consumers_claim_independently";
+    let job = JobId::generate();
+    let (mailer, ledger) = (consumer("mailer"), consumer("ledger"));
+    let mut tx = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut tx, job, &mailer).await,
+        Claim::Claimed,
+        "{check}: first consumer"
+    );
+    commit(check, tx).await;
+    assert!(
+        !is_processed(check, &store, job, &ledger).await,
+        "{check}: another consumer's claim must not count"
+    );
+    let mut tx = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut tx, job, &ledger).await,
+        Claim::Claimed,
+        "{check}: the second consumer must claim the same job"
+    );
+    commit(check, tx).await;
+    for c in [&mailer, &ledger] {
+        assert!(
+            is_processed(check, &store, job, c).await,
+            "{check}: {c} must have processed the job"
+        );
+    }
+}
+
+/// Two transactions claim one `(job, consumer)`; the second must wait for the first (a unique
+/// insert blocks on PostgreSQL, the write lock on SQLite) and answer as the first ended.
+async fn race<S: WorkStore>(check: &str, store: S, first_commits: bool) -> (Arc<S>, JobId, Claim) {
+    let store = Arc::new(store);
+    let job = JobId::generate();
+    let c = consumer("racer");
+    let mut first = begin(check, &*store).await;
+    assert_eq!(
+        claim(check, &mut first, job, &c).await,
+        Claim::Claimed,
+        "{check}: first claim"
+    );
+
+    let second = tokio::spawn({
+        let store = Arc::clone(&store);
+        let c = c.clone();
+        async move {
+            let mut tx = store.begin().await?;
+            let claim = tx.claim(job, &c, time(1)).await?;
+            match claim {
+                Claim::Claimed => tx.commit().await?,
+                Claim::AlreadyProcessed => tx.rollback().await?,
+            }
+            Ok::<Claim, StoreError>(claim)
+        }
+    });
+    // Give the second transaction every chance to start and block on the first.
+    for _ in 0..32 {
+        tokio::task::yield_now().await;
+    }
+    if second.is_finished() {
+        let early = second.await;
+        panic!("{check}: the second claim returned {early:?} while the first was still open");
+    }
+
+    if first_commits {
+        commit(check, first).await;
+    } else {
+        rollback(check, first).await;
+    }
+    let outcome = tokio::time::timeout(WAIT, second)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("{check}: the second claim still waits {WAIT:?} after the first ended")
+        })
+        .unwrap_or_else(|e| panic!("{check}: the second claim's task failed: {e}"))
+        .unwrap_or_else(|e| panic!("{check}: the second claim failed: {e}"));
+    (store, job, outcome)
+}
+
+/// While one transaction holds a claim, a second claim of the same job waits; when the first
+/// commits, the second sees `AlreadyProcessed`, never a second `Claimed`.
+pub async fn concurrent_claim_waits_for_commit<S: WorkStore + ProcessedJobs>(store: S) {
+    let check = "concurrent_claim_waits_for_commit";
+    let (store, job, outcome) = race(check, store, true).await;
+    assert_eq!(
+        outcome,
+        Claim::AlreadyProcessed,
+        "{check}: the job was claimed twice"
+    );
+    assert!(
+        is_processed(check, &*store, job, &consumer("racer")).await,
+        "{check}: the first commit must stand"
+    );
+}
+
+/// While one transaction holds a claim, a second claim of the same job waits; when the first
+/// rolls back, the second claims the job.
+pub async fn concurrent_claim_after_rollback_claims<S: WorkStore + ProcessedJobs>(store: S) {
+    let check = "concurrent_claim_after_rollback_claims";
+    let (store, job, outcome) = race(check, store, false).await;
+    assert_eq!(
+        outcome,
+        Claim::Claimed,
+        "{check}: the job must be claimable once the first transaction rolled back"
+    );
+    assert!(
+        is_processed(check, &*store, job, &consumer("racer")).await,
+        "{check}: the second transaction's commit must stand"
+    );
+}
+
+/// A recorded dead letter comes back field for field: payload bytes that are not UTF-8, absent
+/// envelope fields of a poison message, times to the millisecond, status `PendingReview`.
+pub async fn records_and_gets_dead_letters_exactly<S: DeadLetterStore>(store: S) {
+    let check = "records_and_gets_dead_letters_exactly";
+    let q = queue("exact");
+    let full = letter(&q, 1, Some("job-1"));
+    let poison = NewDeadLetter {
+        job_id: None,
+        queue: q.clone(),
+        tenant_id: None,
+        kind: None,
+        correlation_id: None,
+        payload: vec![0xff, 0x00, 0xfe],
+        attempts: 1,
+        last_error: "job_id: must be a UUID version 7".to_owned(),
+        dedup_key: None,
+        at: time(2),
+    };
+    for sent in [full, poison] {
+        let id = new_id(check, record(check, &store, sent.clone()).await);
+        let got = get(check, &store, id).await;
+        let expected = DeadLetter {
+            id,
+            updated_at: sent.at,
+            letter: sent,
+            status: DeadLetterStatus::PendingReview,
+        };
+        assert_eq!(
+            at_ms(got),
+            at_ms(expected),
+            "{check}: the dead letter changed in the store"
+        );
+    }
+    let unknown = DeadLetterId(i64::MAX);
+    let missing = store
+        .get(unknown)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: get unknown: {e}"));
+    assert!(
+        missing.is_none(),
+        "{check}: an unknown id must be None, got {missing:?}"
+    );
+}
+
+/// While a dead letter with a dedup key is pending, recording the same queue and key again
+/// answers `Existing` and changes nothing; without a key nothing is deduplicated; once the
+/// letter leaves `PendingReview`, the key is free again.
+pub async fn deduplicates_pending_dead_letters<S: DeadLetterStore>(store: S) {
+    let check = "deduplicates_pending_dead_letters";
+    let q = queue("dedup");
+    let other_q = queue("dedup_other");
+    let first = new_id(
+        check,
+        record(check, &store, letter(&q, 1, Some("k1"))).await,
+    );
+    assert_eq!(
+        pending(check, &store, &q, "k1").await,
+        Some(first),
+        "{check}: pending must find the letter"
+    );
+    assert_eq!(
+        pending(check, &store, &q, "k2").await,
+        None,
+        "{check}: pending must not find another key"
+    );
+    assert_eq!(
+        pending(check, &store, &other_q, "k1").await,
+        None,
+        "{check}: pending must not find another queue's key"
+    );
+
+    let mut redelivered = letter(&q, 2, Some("k1"));
+    redelivered.attempts = 6;
+    assert_eq!(
+        record(check, &store, redelivered).await,
+        Recorded::Existing(first),
+        "{check}: a pending letter with the same key must be reused"
+    );
+    let kept = get(check, &store, first).await;
+    assert_eq!(
+        (kept.letter.attempts, kept.letter.payload.as_slice()),
+        (5, b"{\"n\":1}".as_slice()),
+        "{check}: a duplicate record must not change the pending letter"
+    );
+    let same_key_other_queue = new_id(
+        check,
+        record(check, &store, letter(&other_q, 3, Some("k1"))).await,
+    );
+    assert_ne!(same_key_other_queue, first, "{check}: keys are per queue");
+
+    let a = new_id(check, record(check, &store, letter(&q, 4, None)).await);
+    let b = new_id(check, record(check, &store, letter(&q, 4, None)).await);
+    assert_ne!(
+        a, b,
+        "{check}: letters without a key must never be deduplicated"
+    );
+
+    let on_q = DeadLetterFilter {
+        queue: Some(q.clone()),
+        ..DeadLetterFilter::default()
+    };
+    assert_eq!(
+        list(check, &store, &on_q).await,
+        vec![first, a, b],
+        "{check}: exactly one letter per pending key"
+    );
+
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            first,
+            DeadLetterStatus::Replayed,
+            None,
+            time(10)
+        )
+        .await,
+        Transition::Done,
+        "{check}: replay"
+    );
+    assert_eq!(
+        pending(check, &store, &q, "k1").await,
+        None,
+        "{check}: a replayed letter is no longer pending"
+    );
+    let second = new_id(
+        check,
+        record(check, &store, letter(&q, 5, Some("k1"))).await,
+    );
+    assert!(
+        second > first,
+        "{check}: a new letter must get a larger id ({second} after {first})"
+    );
+    assert_eq!(
+        pending(check, &store, &q, "k1").await,
+        Some(second),
+        "{check}: pending must find the new letter"
+    );
+}
+
+/// The seven letters of the listing checks, and their statuses once set up: queues, tenants,
+/// kinds and statuses vary so that every filter selects a different subset.
+async fn seed_listing<S: DeadLetterStore>(check: &str, store: &S) -> Vec<DeadLetter> {
+    let queues = [queue("list_a"), queue("list_b")];
+    let tenants = [Some(1), Some(2), Some(1), Some(2), Some(1), None, Some(2)];
+    let kinds = [
+        Some("test.job"),
+        Some("test.job"),
+        Some("test.other"),
+        Some("test.other"),
+        Some("test.job"),
+        None,
+        Some("test.other"),
+    ];
+    let mut seeded = vec![];
+    for n in 0..7u32 {
+        let i = usize::try_from(n).expect("small index");
+        let mut sent = letter(&queues[i % 2], n, None);
+        sent.tenant_id = tenants[i].map(fixtures::tenant);
+        sent.kind = kinds[i].map(fixtures::kind);
+        let id = new_id(check, record(check, store, sent.clone()).await);
+        if let Some(last) = seeded.last().map(|d: &DeadLetter| d.id) {
+            assert!(id > last, "{check}: ids must increase ({id} after {last})");
+        }
+        seeded.push(DeadLetter {
+            id,
+            updated_at: sent.at,
+            letter: sent,
+            status: DeadLetterStatus::PendingReview,
+        });
+    }
+    for (i, to) in [
+        (1, DeadLetterStatus::Replayed),
+        (2, DeadLetterStatus::Discarded),
+        (4, DeadLetterStatus::Replayed),
+    ] {
+        let d = &mut seeded[i];
+        assert_eq!(
+            transition(check, store, d.id, to, None, time(100)).await,
+            Transition::Done,
+            "{check}: setting up statuses"
+        );
+        d.status = to;
+        d.updated_at = time(100);
+    }
+    seeded
+}
+
+fn selects(filter: &DeadLetterFilter, d: &DeadLetter) -> bool {
+    filter.status.is_none_or(|s| d.status == s)
+        && filter.queue.as_ref().is_none_or(|q| d.letter.queue == *q)
+        && filter
+            .tenant_id
+            .is_none_or(|t| d.letter.tenant_id == Some(t))
+        && filter
+            .kind
+            .as_ref()
+            .is_none_or(|k| d.letter.kind.as_ref() == Some(k))
+        && filter.after.is_none_or(|after| d.id > after)
+}
+
+/// `list` applies every given criterion (status, queue, tenant, kind, alone or together) and
+/// answers in id order, with complete letters.
+pub async fn lists_dead_letters_by_filter_in_id_order<S: DeadLetterStore>(store: S) {
+    let check = "lists_dead_letters_by_filter_in_id_order";
+    let seeded = seed_listing(check, &store).await;
+    let all = DeadLetterFilter::default();
+    let got = store
+        .list(&all)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: list: {e}"));
+    assert_eq!(
+        got.into_iter().map(at_ms).collect::<Vec<_>>(),
+        seeded.iter().cloned().map(at_ms).collect::<Vec<_>>(),
+        "{check}: an unfiltered list must return every letter as stored, in id order"
+    );
+
+    let pending = Some(DeadLetterStatus::PendingReview);
+    let replayed = Some(DeadLetterStatus::Replayed);
+    let (a, b) = (Some(queue("list_a")), Some(queue("list_b")));
+    let (t1, t2) = (Some(fixtures::tenant(1)), Some(fixtures::tenant(2)));
+    let (job, other) = (
+        Some(fixtures::kind("test.job")),
+        Some(fixtures::kind("test.other")),
+    );
+    let filters = [
+        (pending, None, None, None),
+        (replayed, None, None, None),
+        (Some(DeadLetterStatus::Discarded), None, None, None),
+        (None, a.clone(), None, None),
+        (None, b.clone(), None, None),
+        (None, None, t1, None),
+        (None, None, t2, None),
+        (None, None, Some(fixtures::tenant(3)), None),
+        (None, None, None, job.clone()),
+        (None, None, None, other.clone()),
+        (pending, a.clone(), None, None),
+        (None, b.clone(), t2, None),
+        (None, None, t1, job.clone()),
+        (replayed, None, None, job.clone()),
+        (pending, b.clone(), t2, other.clone()),
+        (replayed, a.clone(), t1, job.clone()),
+        (pending, a, t1, other),
+    ];
+    for (status, queue, tenant_id, kind) in filters {
+        let filter = DeadLetterFilter {
+            status,
+            queue,
+            tenant_id,
+            kind,
+            ..DeadLetterFilter::default()
+        };
+        let expected: Vec<DeadLetterId> = seeded
+            .iter()
+            .filter(|d| selects(&filter, d))
+            .map(|d| d.id)
+            .collect();
+        assert_eq!(
+            list(check, &store, &filter).await,
+            expected,
+            "{check}: wrong letters for {filter:?}"
+        );
+    }
+}
+
+/// Keyset pagination: pages of `limit` after the last id seen return every letter exactly
+/// once, in order, then nothing; the cursor also combines with a filter.
+pub async fn paginates_dead_letters_with_a_cursor<S: DeadLetterStore>(store: S) {
+    let check = "paginates_dead_letters_with_a_cursor";
+    let seeded = seed_listing(check, &store).await;
+    let mut filter = DeadLetterFilter {
+        limit: 3,
+        ..DeadLetterFilter::default()
+    };
+    let mut pages = vec![];
+    loop {
+        let page = list(check, &store, &filter).await;
+        assert!(
+            pages.len() <= seeded.len(),
+            "{check}: pagination does not end"
+        );
+        let Some(last) = page.last().copied() else {
+            break;
+        };
+        pages.push(page);
+        filter.after = Some(last);
+    }
+    assert_eq!(
+        pages.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![3, 3, 1],
+        "{check}: page sizes"
+    );
+    assert_eq!(
+        pages.concat(),
+        seeded.iter().map(|d| d.id).collect::<Vec<_>>(),
+        "{check}: every letter exactly once, in id order"
+    );
+
+    let pending_after_first = DeadLetterFilter {
+        status: Some(DeadLetterStatus::PendingReview),
+        after: Some(seeded[0].id),
+        limit: 2,
+        ..DeadLetterFilter::default()
+    };
+    assert_eq!(
+        list(check, &store, &pending_after_first).await,
+        vec![seeded[3].id, seeded[5].id],
+        "{check}: the cursor must combine with a filter and the limit"
+    );
+    let none = DeadLetterFilter {
+        limit: 0,
+        ..DeadLetterFilter::default()
+    };
+    assert!(
+        list(check, &store, &none).await.is_empty(),
+        "{check}: a limit of 0 must return nothing"
+    );
+}
+
+/// A letter leaves `PendingReview` once: repeating the command is `AlreadyDone`, the other final
+/// status is a `Conflict`, an unknown id is `NotFound`; `updated_at` is the time of the change.
+pub async fn transitions_dead_letters_once<S: DeadLetterStore>(store: S) {
+    let check = "transitions_dead_letters_once";
+    let q = queue("transition");
+    let id = new_id(check, record(check, &store, letter(&q, 1, Some("k"))).await);
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            id,
+            DeadLetterStatus::Replayed,
+            None,
+            time(60)
+        )
+        .await,
+        Transition::Done,
+        "{check}: pending to replayed"
+    );
+    let replayed = get(check, &store, id).await;
+    assert_eq!(
+        (replayed.status, truncate_ms(replayed.updated_at)),
+        (DeadLetterStatus::Replayed, truncate_ms(time(60))),
+        "{check}: status and updated_at after the change"
+    );
+    assert_eq!(
+        truncate_ms(replayed.letter.at),
+        truncate_ms(time(1)),
+        "{check}: the time of the dead-lettering must not change"
+    );
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            id,
+            DeadLetterStatus::Replayed,
+            None,
+            time(70)
+        )
+        .await,
+        Transition::AlreadyDone,
+        "{check}: repeating the change"
+    );
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            id,
+            DeadLetterStatus::Discarded,
+            None,
+            time(80)
+        )
+        .await,
+        Transition::Conflict(DeadLetterStatus::Replayed),
+        "{check}: a replayed letter cannot be discarded"
+    );
+    assert_eq!(
+        at_ms(get(check, &store, id).await),
+        at_ms(replayed),
+        "{check}: refused changes must not touch the letter"
+    );
+
+    let other = new_id(check, record(check, &store, letter(&q, 2, None)).await);
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            other,
+            DeadLetterStatus::Discarded,
+            None,
+            time(90)
+        )
+        .await,
+        Transition::Done,
+        "{check}: pending to discarded"
+    );
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            other,
+            DeadLetterStatus::Replayed,
+            None,
+            time(91)
+        )
+        .await,
+        Transition::Conflict(DeadLetterStatus::Discarded),
+        "{check}: a discarded letter cannot be replayed"
+    );
+    let unknown = DeadLetterId(i64::MAX);
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            unknown,
+            DeadLetterStatus::Replayed,
+            None,
+            time(92)
+        )
+        .await,
+        Transition::NotFound,
+        "{check}: unknown id"
+    );
+}
+
+/// With a tenant, only that tenant's letters can change: anyone else's, or one without a
+/// tenant, is `NotFound` (whatever its status) and stays as it was.
+pub async fn transitions_only_the_tenants_dead_letters<S: DeadLetterStore>(store: S) {
+    let check = "transitions_only_the_tenants_dead_letters";
+    let q = queue("tenant");
+    let id = new_id(check, record(check, &store, letter(&q, 1, None)).await);
+    let before = get(check, &store, id).await;
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            id,
+            DeadLetterStatus::Discarded,
+            Some(2),
+            time(50)
+        )
+        .await,
+        Transition::NotFound,
+        "{check}: another tenant's letter"
+    );
+    assert_eq!(
+        at_ms(get(check, &store, id).await),
+        at_ms(before),
+        "{check}: another tenant must change nothing"
+    );
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            id,
+            DeadLetterStatus::Discarded,
+            Some(1),
+            time(60)
+        )
+        .await,
+        Transition::Done,
+        "{check}: the tenant's own letter"
+    );
+    assert_eq!(
+        truncate_ms(get(check, &store, id).await.updated_at),
+        truncate_ms(time(60)),
+        "{check}: updated_at after the tenant's change"
+    );
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            id,
+            DeadLetterStatus::Discarded,
+            Some(2),
+            time(70)
+        )
+        .await,
+        Transition::NotFound,
+        "{check}: a settled letter of another tenant must not be revealed"
+    );
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            id,
+            DeadLetterStatus::Discarded,
+            Some(1),
+            time(70)
+        )
+        .await,
+        Transition::AlreadyDone,
+        "{check}: the tenant repeating its change"
+    );
+
+    let mut poison = letter(&q, 2, None);
+    poison.tenant_id = None;
+    let poison = new_id(check, record(check, &store, poison).await);
+    assert_eq!(
+        transition(
+            check,
+            &store,
+            poison,
+            DeadLetterStatus::Replayed,
+            Some(1),
+            time(80)
+        )
+        .await,
+        Transition::NotFound,
+        "{check}: a letter without a tenant is no tenant's"
+    );
+    assert_eq!(
+        get(check, &store, poison).await.status,
+        DeadLetterStatus::PendingReview,
+        "{check}: a tenant must not change a letter without a tenant"
+    );
+}
+
+/// `purge_processed` deletes only rows processed strictly before the cutoff, at most `batch`
+/// per call, so a caller loops until a call returns fewer than `batch`.
+pub async fn purges_processed_jobs_in_bounded_batches<S: WorkStore + ProcessedJobs>(store: S) {
+    let check = "purges_processed_jobs_in_bounded_batches";
+    let c = consumer("purged");
+    let cutoff = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let old: Vec<JobId> = (0..25).map(|_| JobId::generate()).collect();
+    let new: Vec<JobId> = (0..5).map(|_| JobId::generate()).collect();
+    let mut tx = begin(check, &store).await;
+    for (i, job) in old.iter().enumerate() {
+        let secs = u64::try_from(i + 1).expect("small index");
+        let at = cutoff - Duration::from_secs(secs);
+        let got = tx
+            .claim(*job, &c, at)
+            .await
+            .unwrap_or_else(|e| panic!("{check}: claim: {e}"));
+        assert_eq!(got, Claim::Claimed, "{check}: seeding old rows");
+    }
+    for (i, job) in new.iter().enumerate() {
+        // The first new row is exactly at the cutoff: not older than it.
+        let at = cutoff + Duration::from_secs(u64::try_from(i).expect("small index"));
+        let got = tx
+            .claim(*job, &c, at)
+            .await
+            .unwrap_or_else(|e| panic!("{check}: claim: {e}"));
+        assert_eq!(got, Claim::Claimed, "{check}: seeding new rows");
+    }
+    commit(check, tx).await;
+
+    let mut deleted = vec![];
+    for _ in 0..4 {
+        deleted.push(
+            store
+                .purge_processed(cutoff, 10)
+                .await
+                .unwrap_or_else(|e| panic!("{check}: purge: {e}")),
+        );
+    }
+    assert_eq!(
+        deleted,
+        vec![10, 10, 5, 0],
+        "{check}: rows deleted per call"
+    );
+    for job in &old {
+        assert!(
+            !is_processed(check, &store, *job, &c).await,
+            "{check}: an old row survived"
+        );
+    }
+    for job in &new {
+        assert!(
+            is_processed(check, &store, *job, &c).await,
+            "{check}: a row at or after the cutoff was purged"
+        );
+    }
+}
