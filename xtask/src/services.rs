@@ -29,9 +29,9 @@ pub(crate) const SERVICES: &[Service] = &[
         env: "DATABASE_URL",
         default_url: "postgres://postgres@127.0.0.1:5432/postgres",
         default_port: 5432,
-        required: false,
-        start: "pg_ctlcluster <version> main start, or \
-                docker run -d -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres",
+        required: true,
+        start: "pg_ctlcluster --skip-systemctl-redirect <version> main start \
+                (`.ci/run` does this when the server is down)",
     },
     Service {
         name: "Redis",
