@@ -1,4 +1,5 @@
-//! `jobsctl demo`: the embedded defaults end to end, in seconds and with no services.
+//! `jobsctl demo`: the embedded defaults end to end, in seconds and with no services: the
+//! in-memory queue and a SQLite store in a temporary file.
 //!
 //! Scenes: jobs for a few tenants, a retry that succeeds, a poison message, a job that
 //! exhausts its attempts, a duplicate delivery skipped by `processed_jobs`, and a replay of the
@@ -12,7 +13,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use async_trait::async_trait;
-use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryWorkTx};
+use jobs_adapter_memory::MemoryQueue;
+use jobs_adapter_sqlite::{SqliteStore, SqliteWorkTx, sqlx};
 use jobs_consumers::{
     CoalescingAlerter, DeadLetters, Handler, Job, JobError, Outcome, QueuePolicy, RetryPolicy,
     Worker,
@@ -45,10 +47,10 @@ struct BookInvoice {
 }
 
 #[async_trait]
-impl Handler<MemoryWorkTx> for BookInvoice {
+impl Handler<SqliteWorkTx> for BookInvoice {
     type Data = Invoice;
 
-    async fn handle(&self, job: Job<Invoice>, tx: &mut MemoryWorkTx) -> Result<(), JobError> {
+    async fn handle(&self, job: Job<Invoice>, tx: &mut SqliteWorkTx) -> Result<(), JobError> {
         let invoice = &job.envelope.data;
         if invoice.flaky && job.attempt == 1 {
             return Err(JobError::retry("ledger timed out"));
@@ -59,7 +61,13 @@ impl Handler<MemoryWorkTx> for BookInvoice {
                 invoice.invoice
             )));
         }
-        tx.record_effect(format!("booked invoice {}", invoice.invoice));
+        // The business write, in the same transaction as the processed_jobs claim.
+        sqlx::query("insert into booked_invoices (invoice, job_id) values (?, ?)")
+            .bind(i64::try_from(invoice.invoice).map_err(JobError::permanent)?)
+            .bind(job.envelope.job_id.to_string())
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
         Ok(())
     }
 }
@@ -90,10 +98,25 @@ struct Tally {
     dead: u32,
 }
 
-/// Runs the demo, writing its report to `out`.
+/// Runs the demo on a SQLite file in the temporary directory, removed afterwards.
 pub(crate) async fn run(out: &mut impl Write) -> Result<()> {
+    let path = std::env::temp_dir().join(format!("jobsctl-demo-{}.db", std::process::id()));
+    let result = run_on(&path, out).await;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.clone().into_os_string();
+        file.push(suffix);
+        let _ = std::fs::remove_file(file);
+    }
+    result
+}
+
+async fn run_on(path: &std::path::Path, out: &mut impl Write) -> Result<()> {
     let queue = MemoryQueue::default();
-    let store = MemoryStore::default();
+    let store = SqliteStore::open(path).await?;
+    store.migrate().await?;
+    sqlx::query("create table booked_invoices (invoice integer not null, job_id text not null)")
+        .execute(store.pool())
+        .await?;
     let alerter = ConsoleAlerter::default();
     let fixed = Arc::new(AtomicBool::new(false));
     let invoices: QueueName = "billing.invoices".parse()?;
@@ -125,7 +148,8 @@ pub(crate) async fn run(out: &mut impl Write) -> Result<()> {
 
     writeln!(
         out,
-        "softcrum-jobs demo: in-memory queue and store, console alerts"
+        "softcrum-jobs demo: in-memory queue, SQLite store in {}, console alerts",
+        path.display()
     )?;
     writeln!(out, "retry policy override: {policy}\n")?;
 
@@ -214,8 +238,17 @@ pub(crate) async fn run(out: &mut impl Write) -> Result<()> {
         tally.dead,
         depth
     )?;
-    let effects = store.effects();
-    writeln!(out, "\neffects committed: {}", effects.join(", "))?;
+    let effects: Vec<(i64,)> =
+        sqlx::query_as("select invoice from booked_invoices order by invoice")
+            .fetch_all(store.pool())
+            .await?;
+    let booked: Vec<String> = effects.iter().map(|(n,)| n.to_string()).collect();
+    writeln!(
+        out,
+        "\ninvoices booked (rows in booked_invoices): {}",
+        booked.join(", ")
+    )?;
+    store.pool().close().await;
     anyhow::ensure!(depth == 0, "{depth} messages left on the queue");
     anyhow::ensure!(
         effects.len() == TENANTS.len(),
@@ -243,7 +276,7 @@ async fn publish(
 
 /// Runs the worker until the queue is empty, narrating each outcome.
 async fn drain(
-    worker: &Worker<MemoryStore>,
+    worker: &Worker<SqliteStore>,
     tally: &mut Tally,
     out: &mut impl Write,
 ) -> Result<()> {

@@ -19,6 +19,8 @@ Usage: cargo xtask <command>
 Commands:
   ci      run every CI check in order: fmt, deps, adr, services, clippy, schema, test, doc
   schema  regenerate the committed JSON schema of jobs-core from the code
+  bench <name>
+          run a benchmark (release build) next to its baseline: consume
   help    print this message
 ";
 
@@ -27,6 +29,7 @@ Commands:
 enum Task {
     Ci,
     Schema,
+    Bench(String),
     Help,
     Unknown(String),
 }
@@ -40,9 +43,24 @@ fn parse_args(args: &[String]) -> Task {
             "help" | "--help" | "-h" => Task::Help,
             _ => Task::Unknown(arg.clone()),
         },
+        [command, name] if command == "bench" => Task::Bench(name.clone()),
         _ => Task::Unknown(args.join(" ")),
     }
 }
+
+/// The benchmarks, each a subcommand of the `jobs-bench` binary, built in release mode.
+const BENCHES: &[(&str, Cmd)] = &[(
+    "consume",
+    Cmd::new(&[
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "jobs-bench",
+        "--",
+        "consume",
+    ]),
+)];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -60,6 +78,16 @@ fn main() -> ExitCode {
             Err(_) => ExitCode::FAILURE,
         },
         Task::Ci => ci(),
+        Task::Bench(name) => match BENCHES.iter().find(|(bench, _)| *bench == name) {
+            Some((_, cmd)) => match run(cmd, &workspace_root()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(()) => ExitCode::FAILURE,
+            },
+            None => {
+                eprint!("unknown benchmark `{name}`\n\n{USAGE}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
 
@@ -346,6 +374,10 @@ mod tests {
         assert_eq!(parse_args(&args(&["help"])), Task::Help);
         assert_eq!(parse_args(&args(&["ci"])), Task::Ci);
         assert_eq!(parse_args(&args(&["schema"])), Task::Schema);
+        assert_eq!(
+            parse_args(&args(&["bench", "consume"])),
+            Task::Bench("consume".into())
+        );
         assert_eq!(parse_args(&args(&["lint"])), Task::Unknown("lint".into()));
         assert_eq!(
             parse_args(&args(&["ci", "x"])),

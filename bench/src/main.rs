@@ -1,0 +1,28 @@
+//! `jobs-bench`: throughput of softcrum-jobs next to a baseline measured in the same run.
+//!
+//! Run through `cargo xtask bench <name>` (a release build). Each benchmark prints its figures,
+//! the baseline's and the ratio; nothing here asserts a timing.
+
+mod consume;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("consume") => consume::run(),
+        _ => {
+            eprintln!(
+                "usage: jobs-bench consume\n\nenvironment: DATABASE_URL, JOBS_BENCH_JOBS (default 20000)"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
