@@ -13,7 +13,7 @@ fn main() -> ExitCode {
         Some("consume") => consume::run(),
         _ => {
             eprintln!(
-                "usage: jobs-bench consume\n\nenvironment: DATABASE_URL, JOBS_BENCH_JOBS (default 20000)"
+                "usage: jobs-bench consume\n\nenvironment: DATABASE_URL, JOBS_BENCH_JOBS (default 10000)"
             );
             return ExitCode::from(2);
         }

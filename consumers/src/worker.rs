@@ -438,15 +438,6 @@ where
         let salvage = Salvage::of(&envelope);
         let kind = envelope.kind.clone();
 
-        // A redelivery may be a copy whose dead letter was written but whose ack was lost.
-        if delivery.attempt > 1 {
-            let key = envelope.job_id.to_string();
-            match self.dead_letters.pending(&self.queue, &key).await {
-                Ok(Some(id)) => return self.ack_dead(&delivery, id, DeadReason::Exhausted).await,
-                Ok(None) => {}
-                Err(e) => return self.store_unavailable(&delivery, &e).await,
-            }
-        }
         if delivery.attempt > self.policy.max_attempts() {
             let error = format!(
                 "delivered for attempt {} beyond the policy's {}",

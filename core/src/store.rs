@@ -21,7 +21,8 @@ use crate::name::{ConsumerName, Kind, QueueName};
 pub enum Claim {
     /// The row is new: run the handler in this transaction.
     Claimed,
-    /// The job's effect was committed before: skip the handler and ack.
+    /// The job's effect was committed before, or the job waits in the dead letters for an
+    /// operator: either way, skip the handler and ack. Only a replay runs a dead letter again.
     AlreadyProcessed,
 }
 
@@ -33,7 +34,8 @@ pub enum Claim {
 /// without committing it rolls it back.
 #[async_trait]
 pub trait WorkTransaction: Send + 'static {
-    /// Inserts `(job_id, consumer, at)` into `core.processed_jobs` unless it is there.
+    /// Inserts `(job_id, consumer, at)` into `core.processed_jobs` unless it is there or a
+    /// pending dead letter has the dedup key `job_id` (then [`Claim::AlreadyProcessed`]).
     async fn claim(
         &mut self,
         job_id: JobId,

@@ -42,6 +42,17 @@ struct State {
     next_dead_letter: i64,
 }
 
+impl State {
+    /// Whether `job_id` waits in the dead letters.
+    fn dead_lettered(&self, job_id: JobId) -> bool {
+        let key = job_id.to_string();
+        self.dead_letters.values().any(|d| {
+            d.status == DeadLetterStatus::PendingReview
+                && d.letter.dedup_key.as_deref() == Some(key.as_str())
+        })
+    }
+}
+
 impl MemoryStore {
     /// Effects committed by handlers, in commit order.
     pub fn effects(&self) -> Vec<String> {
@@ -114,7 +125,7 @@ impl WorkTransaction for MemoryWorkTx {
             let released = self.store.shared.released.notified();
             {
                 let mut state = self.store.lock();
-                if state.processed.contains_key(&key) {
+                if state.processed.contains_key(&key) || state.dead_lettered(job_id) {
                     return Ok(Claim::AlreadyProcessed);
                 }
                 if state.pending.insert(key.clone()) {

@@ -73,7 +73,8 @@ impl fmt::Debug for PgWorkTx {
 
 #[async_trait]
 impl WorkTransaction for PgWorkTx {
-    /// `insert ... on conflict do nothing`: one row inserted is [`Claim::Claimed`], none is
+    /// One statement: insert the row unless the job is pending in the dead letters, `on
+    /// conflict do nothing`. One row inserted is [`Claim::Claimed`], none is
     /// [`Claim::AlreadyProcessed`]. If another open transaction inserted the same key, this
     /// waits for it to end.
     async fn claim(
@@ -83,12 +84,15 @@ impl WorkTransaction for PgWorkTx {
         at: SystemTime,
     ) -> Result<Claim, StoreError> {
         let done = sqlx::query(
-            "insert into core.processed_jobs (job_id, consumer, processed_at) values ($1, $2, $3) \
+            "insert into core.processed_jobs (job_id, consumer, processed_at) \
+             select $1, $2, $3 where not exists (select 1 from core.dead_letters \
+                 where dedup_key = $4 and status = 'pending_review') \
              on conflict (job_id, consumer) do nothing",
         )
         .bind(job_id.as_uuid())
         .bind(consumer.as_str())
         .bind(to_timestamp(at)?)
+        .bind(job_id.to_string())
         .execute(&mut *self.tx)
         .await
         .map_err(|e| store_error("claim in core.processed_jobs", e))?;

@@ -74,7 +74,8 @@ impl fmt::Debug for SqliteWorkTx {
 
 #[async_trait]
 impl WorkTransaction for SqliteWorkTx {
-    /// `insert ... on conflict do nothing`: one row inserted is [`Claim::Claimed`], none is
+    /// One statement: insert the row unless the job is pending in the dead letters, `on
+    /// conflict do nothing`. One row inserted is [`Claim::Claimed`], none is
     /// [`Claim::AlreadyProcessed`]. The write lock taken by `begin` means no other transaction
     /// can hold an uncommitted claim meanwhile.
     async fn claim(
@@ -84,7 +85,9 @@ impl WorkTransaction for SqliteWorkTx {
         at: SystemTime,
     ) -> Result<Claim, StoreError> {
         let done = sqlx::query(
-            "insert into processed_jobs (job_id, consumer, processed_at) values (?1, ?2, ?3) \
+            "insert into processed_jobs (job_id, consumer, processed_at) \
+             select ?1, ?2, ?3 where not exists (select 1 from dead_letters \
+                 where dedup_key = ?1 and status = 'pending_review') \
              on conflict (job_id, consumer) do nothing",
         )
         .bind(job_id.to_string())

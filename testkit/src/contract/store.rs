@@ -44,6 +44,7 @@ where
     transitions_dead_letters_once(make().await).await;
     transitions_only_the_tenants_dead_letters(make().await).await;
     purges_processed_jobs_in_bounded_batches(make().await).await;
+    a_pending_dead_letter_blocks_the_claim(make().await).await;
 }
 
 /// A fixed instant with sub-millisecond digits, `secs` seconds after the base, so that engines
@@ -949,4 +950,45 @@ pub async fn purges_processed_jobs_in_bounded_batches<S: WorkStore + ProcessedJo
             "{check}: a row at or after the cutoff was purged"
         );
     }
+}
+
+/// While a job waits in the dead letters (dedup key = its job id), no consumer can claim it:
+/// a redelivered or republished copy is skipped. Once the letter is replayed, the claim works.
+pub async fn a_pending_dead_letter_blocks_the_claim<S: WorkStore + DeadLetterStore>(store: S) {
+    let check = "a_pending_dead_letter_blocks_the_claim";
+    let q = queue("blocks");
+    let job = JobId::generate();
+    let consumer = consumer("blocks");
+    let mut letter = letter(&q, 1, None);
+    letter.job_id = Some(job);
+    letter.dedup_key = Some(job.to_string());
+    let id = new_id(check, record(check, &store, letter).await);
+
+    let mut tx = begin(check, &store).await;
+    let blocked = claim(check, &mut tx, job, &consumer).await;
+    assert_eq!(
+        blocked,
+        Claim::AlreadyProcessed,
+        "{check}: claimed a job pending in the dead letters"
+    );
+    rollback(check, tx).await;
+
+    let other = JobId::generate();
+    let mut tx = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut tx, other, &consumer).await,
+        Claim::Claimed,
+        "{check}: another job was blocked"
+    );
+    rollback(check, tx).await;
+
+    transition(check, &store, id, DeadLetterStatus::Replayed, None, time(5)).await;
+    let mut tx = begin(check, &store).await;
+    let replayed = claim(check, &mut tx, job, &consumer).await;
+    assert_eq!(
+        replayed,
+        Claim::Claimed,
+        "{check}: a replayed job must be claimable"
+    );
+    commit(check, tx).await;
 }
