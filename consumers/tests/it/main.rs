@@ -1,5 +1,6 @@
 //! Integration tests of the worker runtime, on the memory queue and store with a manual clock.
 
 mod harness;
+mod model;
 mod retry;
 mod worker;

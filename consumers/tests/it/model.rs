@@ -1,0 +1,777 @@
+//! Model-based property tests of the runtime's retry and idempotency semantics.
+//!
+//! Arbitrary sequences of events (publishes, duplicate publishes, poison, work, crashes before
+//! the ack or in the middle of a job, clock jumps, replays) drive the real runtime on the
+//! memory queue and store with a manual clock. After every step the safety invariants are
+//! checked; at the end the queue is drained and the liveness ones too. Each failure message
+//! names the invariant it broke:
+//!
+//! 1. every valid job's effect is committed exactly once, or the job waits in the dead letters
+//!    exactly once; never both, never neither once the queue has drained;
+//! 2. after a commit, no copy of the job runs the handler again;
+//! 3. no attempt exceeds the policy's maximum, and every retry delay lies in `[d/2, d]` with
+//!    `d = min(cap, base·2^(n-1))` for the true attempt `n`;
+//! 4. poison is never retried and lands in the dead letters with its bytes intact;
+//! 5. a dead letter carries attempts, last_error, queue and correlation_id.
+//!
+//! The suite must have teeth: `mutants_are_caught` wraps the ports so that one rule at a time
+//! is broken (no claim, ack on receive, poison retried, attempts counted from zero) and checks
+//! that the same property fails for each.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryWorkTx};
+use jobs_consumers::{DeadLetters, Handler, Job, JobError, RetryPolicy, Worker};
+use jobs_core::{
+    Claim, Clock, ConsumerName, ConsumerPort, DeadLetter, DeadLetterFilter, DeadLetterId,
+    DeadLetterStatus, DeadLetterStore, Delivery, Envelope, JobId, Lease, ManualClock,
+    NewDeadLetter, PublishOptions, QueueDepth, QueueError, QueueName, QueuePort, Recorded,
+    StoreError, TenantId, Transition, WorkStore, WorkTransaction,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use serde::Deserialize;
+use serde_json::json;
+
+const QUEUE: &str = "model.jobs";
+const KIND: &str = "model.job";
+const MAX_ATTEMPTS: u32 = 5;
+
+/// What the handler does on its k-th invocation for a job (beyond the script: succeed).
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Ok,
+    Retry,
+    Permanent,
+    Panic,
+    Defer,
+}
+
+#[derive(Clone, Debug)]
+enum Poison {
+    Bytes(Vec<u8>),
+    BrokenField,
+    UnknownKind,
+    BadData,
+}
+
+#[derive(Clone, Debug)]
+enum Event {
+    Publish(Vec<Step>),
+    /// Publish job `i` again under a fresh dedup key: the transport delivers it twice.
+    Duplicate(usize),
+    Poison(Poison),
+    /// One poll of the worker.
+    Work,
+    /// The worker dies after its next commit or dead letter, before the ack.
+    CrashBeforeAck,
+    /// The worker leases up to `n` deliveries and dies before committing anything.
+    CrashMidWork(usize),
+    Advance(u32),
+    /// An operator replays pending dead letter `i`.
+    Replay(usize),
+}
+
+/// One rule broken on purpose, to prove the properties notice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mutant {
+    None,
+    /// The claim always succeeds: `processed_jobs` is never consulted.
+    NoClaim,
+    /// Messages are acked as soon as they are received, before any commit.
+    AckOnReceive,
+    /// A poison message is released for a retry instead of acked.
+    RetryPoison,
+    /// Every delivery claims to be the first attempt.
+    AttemptsFromZero,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => Just(Step::Ok),
+        4 => Just(Step::Retry),
+        1 => Just(Step::Permanent),
+        1 => Just(Step::Panic),
+        1 => Just(Step::Defer),
+    ]
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        3 => prop::collection::vec(step(), 0..8).prop_map(Event::Publish),
+        1 => any::<usize>().prop_map(Event::Duplicate),
+        1 => prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..24).prop_map(Poison::Bytes),
+            Just(Poison::BrokenField),
+            Just(Poison::UnknownKind),
+            Just(Poison::BadData),
+        ]
+        .prop_map(Event::Poison),
+        5 => Just(Event::Work),
+        1 => Just(Event::CrashBeforeAck),
+        1 => (1usize..4).prop_map(Event::CrashMidWork),
+        2 => (1u32..4_000).prop_map(Event::Advance),
+        1 => any::<usize>().prop_map(Event::Replay),
+    ]
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the handler observed.
+#[derive(Default)]
+struct HandlerLog {
+    invocations: HashMap<u64, usize>,
+    attempts: Vec<(u64, u32)>,
+    violations: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    n: u64,
+}
+
+struct ModelHandler {
+    scripts: Arc<Mutex<HashMap<u64, Vec<Step>>>>,
+    log: Arc<Mutex<HandlerLog>>,
+    store: MemoryStore,
+    clock: ManualClock,
+}
+
+#[async_trait]
+impl Handler<MutantTx> for ModelHandler {
+    type Data = Data;
+
+    async fn handle(&self, job: Job<Data>, tx: &mut MutantTx) -> Result<(), JobError> {
+        let n = job.envelope.data.n;
+        let k = {
+            let mut log = lock(&self.log);
+            if self.store.effects().contains(&n.to_string()) {
+                log.violations.push(format!(
+                    "invariant 2: the handler ran for job {n} after its effect was committed"
+                ));
+            }
+            log.attempts.push((n, job.attempt));
+            let k = log.invocations.entry(n).or_default();
+            *k += 1;
+            *k - 1
+        };
+        let step = lock(&self.scripts)
+            .get(&n)
+            .and_then(|s| s.get(k).copied())
+            .unwrap_or(Step::Ok);
+        match step {
+            Step::Ok => {
+                tx.inner.record_effect(n.to_string());
+                Ok(())
+            }
+            Step::Retry => Err(JobError::retry("scripted retryable failure")),
+            Step::Permanent => Err(JobError::permanent("scripted permanent failure")),
+            Step::Panic => panic!("{SCRIPTED_PANIC} {n}"),
+            Step::Defer => Err(JobError::Defer {
+                until: self.clock.now() + Duration::from_secs(10),
+            }),
+        }
+    }
+}
+
+/// The memory store, or a mutant of it that never consults `processed_jobs`.
+#[derive(Clone)]
+struct MutantStore {
+    inner: MemoryStore,
+    no_claim: bool,
+}
+
+struct MutantTx {
+    inner: MemoryWorkTx,
+    no_claim: bool,
+}
+
+#[async_trait]
+impl WorkTransaction for MutantTx {
+    async fn claim(
+        &mut self,
+        job_id: JobId,
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        if self.no_claim {
+            return Ok(Claim::Claimed);
+        }
+        self.inner.claim(job_id, consumer, at).await
+    }
+
+    async fn commit(self) -> Result<(), StoreError> {
+        self.inner.commit().await
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        self.inner.rollback().await
+    }
+}
+
+#[async_trait]
+impl WorkStore for MutantStore {
+    type Tx = MutantTx;
+
+    async fn begin(&self) -> Result<MutantTx, StoreError> {
+        Ok(MutantTx {
+            inner: self.inner.begin().await?,
+            no_claim: self.no_claim,
+        })
+    }
+}
+
+#[async_trait]
+impl DeadLetterStore for MutantStore {
+    async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
+        self.inner.record(letter).await
+    }
+    async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError> {
+        self.inner.list(filter).await
+    }
+    async fn pending(&self, q: &QueueName, key: &str) -> Result<Option<DeadLetterId>, StoreError> {
+        self.inner.pending(q, key).await
+    }
+    async fn transition(
+        &self,
+        id: DeadLetterId,
+        to: DeadLetterStatus,
+        tenant: Option<TenantId>,
+        at: SystemTime,
+    ) -> Result<Transition, StoreError> {
+        self.inner.transition(id, to, tenant, at).await
+    }
+}
+
+/// A retry the transport was asked for, with the delivery's true attempt.
+struct RetryRecord {
+    attempt: u32,
+    now: SystemTime,
+    at: SystemTime,
+    payload: Vec<u8>,
+}
+
+/// The transport as the runtime sees it: the memory queue, a recorder of the truth beneath,
+/// crash injection, and the transport mutants above.
+struct Transport {
+    inner: MemoryQueue,
+    clock: ManualClock,
+    mutant: Mutant,
+    lose_next_ack: AtomicBool,
+    /// Lease token → (true attempt, payload) of every delivery handed out.
+    leases: Mutex<HashMap<String, (u32, Vec<u8>)>>,
+    retries: Mutex<Vec<RetryRecord>>,
+    poison: Mutex<HashSet<Vec<u8>>>,
+}
+
+impl Transport {
+    fn payload(&self, lease: &Lease) -> Option<(u32, Vec<u8>)> {
+        lock(&self.leases).get(lease.token()).cloned()
+    }
+
+    async fn record_retry(&self, lease: &Lease, at: SystemTime) -> Result<(), QueueError> {
+        if let Some((attempt, payload)) = self.payload(lease) {
+            lock(&self.retries).push(RetryRecord {
+                attempt,
+                now: self.clock.now(),
+                at,
+                payload,
+            });
+        }
+        self.inner.retry_at(lease, at).await
+    }
+}
+
+#[async_trait]
+impl ConsumerPort for Transport {
+    async fn receive(
+        &self,
+        q: &QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let deliveries = self.inner.receive(q, max, lease).await?;
+        let mut out = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
+            lock(&self.leases).insert(d.lease.token().to_owned(), (d.attempt, d.payload.clone()));
+            if self.mutant == Mutant::AckOnReceive {
+                self.inner.ack(&d.lease).await?;
+            }
+            let attempt = if self.mutant == Mutant::AttemptsFromZero {
+                1
+            } else {
+                d.attempt
+            };
+            out.push(Delivery::new(d.payload, attempt, d.message_id, d.lease));
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+        if self.lose_next_ack.swap(false, Ordering::SeqCst) {
+            return Err(QueueError::Unavailable {
+                queue: lease.queue().clone(),
+                message: "the worker died before the ack".into(),
+                source: None,
+            });
+        }
+        if self.mutant == Mutant::RetryPoison {
+            if let Some((_, payload)) = self.payload(lease) {
+                if lock(&self.poison).contains(&payload) {
+                    return self.record_retry(lease, self.clock.now()).await;
+                }
+            }
+        }
+        self.inner.ack(lease).await
+    }
+
+    async fn retry_at(&self, lease: &Lease, at: SystemTime) -> Result<(), QueueError> {
+        self.record_retry(lease, at).await
+    }
+
+    async fn defer(&self, lease: &Lease, until: SystemTime) -> Result<(), QueueError> {
+        self.inner.defer(lease, until).await
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
+        self.inner.extend(lease, by).await
+    }
+}
+
+struct ModelJob {
+    n: u64,
+    envelope: Envelope,
+    replays: u32,
+}
+
+struct System {
+    clock: ManualClock,
+    queue: MemoryQueue,
+    store: MemoryStore,
+    transport: Arc<Transport>,
+    worker: Worker<MutantStore>,
+    ops: DeadLetters,
+    scripts: Arc<Mutex<HashMap<u64, Vec<Step>>>>,
+    log: Arc<Mutex<HandlerLog>>,
+    name: QueueName,
+    policy: RetryPolicy,
+    jobs: Vec<ModelJob>,
+    poison: Vec<Vec<u8>>,
+}
+
+impl System {
+    fn new(mutant: Mutant) -> System {
+        let clock = ManualClock::default();
+        let queue = MemoryQueue::new(Arc::new(clock.clone()));
+        let store = MemoryStore::default();
+        let transport = Arc::new(Transport {
+            inner: queue.clone(),
+            clock: clock.clone(),
+            mutant,
+            lose_next_ack: AtomicBool::new(false),
+            leases: Mutex::default(),
+            retries: Mutex::default(),
+            poison: Mutex::default(),
+        });
+        let scripts: Arc<Mutex<HashMap<u64, Vec<Step>>>> = Arc::default();
+        let log: Arc<Mutex<HandlerLog>> = Arc::default();
+        let mutant_store = MutantStore {
+            inner: store.clone(),
+            no_claim: mutant == Mutant::NoClaim,
+        };
+        let name: QueueName = QUEUE.parse().expect("valid");
+        let worker = Worker::builder(
+            ConsumerName::try_from("model.consumer").expect("valid"),
+            name.clone(),
+            transport.clone(),
+            Arc::new(mutant_store.clone()),
+            Arc::new(mutant_store),
+        )
+        .handler(
+            KIND.parse().expect("valid"),
+            ModelHandler {
+                scripts: scripts.clone(),
+                log: log.clone(),
+                store: store.clone(),
+                clock: clock.clone(),
+            },
+        )
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .expect("a valid worker");
+        let ops = DeadLetters::new(Arc::new(store.clone()), Arc::new(queue.clone()))
+            .with_clock(Arc::new(clock.clone()));
+        System {
+            clock,
+            queue,
+            store,
+            transport,
+            worker,
+            ops,
+            scripts,
+            log,
+            name,
+            policy: RetryPolicy::default(),
+            jobs: vec![],
+            poison: vec![],
+        }
+    }
+
+    fn tenant() -> TenantId {
+        "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90"
+            .parse()
+            .expect("valid")
+    }
+
+    fn envelope(kind: &str, data: serde_json::Value) -> Envelope {
+        let correlation = JobId::generate()
+            .to_string()
+            .parse()
+            .expect("a v7 is a uuid");
+        Envelope::new(
+            System::tenant(),
+            correlation,
+            kind.parse().expect("valid"),
+            data,
+        )
+    }
+
+    async fn apply(&mut self, event: &Event) {
+        match event {
+            Event::Publish(script) => {
+                let n = self.jobs.len() as u64;
+                let envelope = System::envelope(KIND, json!({ "n": n }));
+                lock(&self.scripts).insert(n, script.clone());
+                self.queue
+                    .publish(&self.name, &envelope, PublishOptions::default())
+                    .await
+                    .expect("publish");
+                self.jobs.push(ModelJob {
+                    n,
+                    envelope,
+                    replays: 0,
+                });
+            }
+            Event::Duplicate(i) => {
+                if self.jobs.is_empty() {
+                    return;
+                }
+                let job = &self.jobs[i % self.jobs.len()];
+                let key = format!("copy-{}", JobId::generate());
+                let opts = PublishOptions::default().dedup_key(key);
+                self.queue
+                    .publish(&self.name, &job.envelope, opts)
+                    .await
+                    .expect("publish");
+            }
+            Event::Poison(poison) => {
+                let bytes = match poison {
+                    Poison::Bytes(bytes) => bytes.clone(),
+                    Poison::BrokenField => {
+                        let mut v = serde_json::to_value(System::envelope(KIND, json!({"n": 0})))
+                            .expect("serialises");
+                        v["job_id"] = json!("not-a-uuid");
+                        serde_json::to_vec(&v).expect("serialises")
+                    }
+                    Poison::UnknownKind => {
+                        serde_json::to_vec(&System::envelope("model.unknown", json!({"n": 0})))
+                            .expect("serialises")
+                    }
+                    Poison::BadData => {
+                        serde_json::to_vec(&System::envelope(KIND, json!({"n": "x"})))
+                            .expect("serialises")
+                    }
+                };
+                lock(&self.transport.poison).insert(bytes.clone());
+                self.queue
+                    .publish_bytes(&self.name, bytes.clone(), &PublishOptions::default());
+                self.poison.push(bytes);
+            }
+            Event::Work => {
+                self.worker.run_once().await.expect("receive");
+            }
+            Event::CrashBeforeAck => self.transport.lose_next_ack.store(true, Ordering::SeqCst),
+            Event::CrashMidWork(n) => {
+                // Leased and never settled: the lease expires and the messages come back.
+                let _ = self
+                    .transport
+                    .receive(&self.name, *n, Duration::from_secs(60))
+                    .await
+                    .expect("receive");
+            }
+            Event::Advance(secs) => self.clock.advance(Duration::from_secs(u64::from(*secs))),
+            Event::Replay(i) => {
+                let pending = self
+                    .store
+                    .list(&DeadLetterFilter {
+                        status: Some(DeadLetterStatus::PendingReview),
+                        limit: 1_000,
+                        ..DeadLetterFilter::default()
+                    })
+                    .await
+                    .expect("list");
+                let replayable: Vec<_> = pending
+                    .iter()
+                    .filter(|l| {
+                        l.letter.job_id.is_some() && Envelope::decode(&l.letter.payload).is_ok()
+                    })
+                    .collect();
+                if replayable.is_empty() {
+                    return;
+                }
+                let letter = replayable[i % replayable.len()];
+                if self.ops.replay(letter.id, None).await.is_ok() {
+                    if self.poison.contains(&letter.letter.payload) {
+                        // Replayed poison is published again, and lands again.
+                        self.poison.push(letter.letter.payload.clone());
+                    }
+                    if let Some(job) = self
+                        .jobs
+                        .iter_mut()
+                        .find(|j| Some(j.envelope.job_id) == letter.letter.job_id)
+                    {
+                        job.replays += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn letters(&self) -> Vec<DeadLetter> {
+        self.store
+            .list(&DeadLetterFilter {
+                limit: 100_000,
+                ..DeadLetterFilter::default()
+            })
+            .await
+            .expect("list")
+    }
+
+    /// The invariants that hold after every step.
+    async fn check_safety(&self) -> Result<(), String> {
+        if let Some(v) = lock(&self.log).violations.first() {
+            return Err(v.clone());
+        }
+        let effects = self.store.effects();
+        let letters = self.letters().await;
+        for job in &self.jobs {
+            let committed = effects.iter().filter(|e| **e == job.n.to_string()).count();
+            if committed > 1 {
+                return Err(format!(
+                    "invariant 1: job {} committed {committed} times",
+                    job.n
+                ));
+            }
+            let pending = letters
+                .iter()
+                .filter(|l| {
+                    l.status == DeadLetterStatus::PendingReview
+                        && l.letter.job_id == Some(job.envelope.job_id)
+                })
+                .count();
+            if committed == 1 && pending > 0 {
+                return Err(format!(
+                    "invariant 1: job {} is both committed and dead-lettered",
+                    job.n
+                ));
+            }
+            if pending > 1 {
+                return Err(format!(
+                    "invariant 1: job {} dead-lettered {pending} times",
+                    job.n
+                ));
+            }
+        }
+        for (n, attempt) in &lock(&self.log).attempts {
+            if *attempt > MAX_ATTEMPTS {
+                return Err(format!(
+                    "invariant 3: job {n} ran at attempt {attempt} > {MAX_ATTEMPTS}"
+                ));
+            }
+        }
+        for r in lock(&self.transport.retries).iter() {
+            if self.poison.contains(&r.payload) {
+                return Err("invariant 4: a poison message was released for a retry".to_owned());
+            }
+            let d = self.policy.ceiling(r.attempt);
+            let delay = r.at.duration_since(r.now).unwrap_or_default();
+            if delay < d / 2 || delay > d {
+                return Err(format!(
+                    "invariant 3: retry after attempt {} in {delay:?}, outside [{:?}, {d:?}]",
+                    r.attempt,
+                    d / 2
+                ));
+            }
+        }
+        for letter in &letters {
+            let l = &letter.letter;
+            if l.attempts == 0 || l.last_error.is_empty() || l.queue != self.name {
+                return Err(format!("invariant 5: incomplete dead letter {letter:?}"));
+            }
+            if let Some(job) = self
+                .jobs
+                .iter()
+                .find(|j| Some(j.envelope.job_id) == l.job_id)
+            {
+                if l.correlation_id != Some(job.envelope.correlation_id) {
+                    return Err(format!(
+                        "invariant 5: dead letter of job {} lost its correlation id",
+                        job.n
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the crashes, lets time pass until the queue is empty, and checks the end state.
+    async fn drain_and_check(&mut self) -> Result<(), String> {
+        self.transport.lose_next_ack.store(false, Ordering::SeqCst);
+        for _ in 0..60 {
+            for _ in 0..200 {
+                if self.worker.run_once().await.expect("receive").is_empty() {
+                    break;
+                }
+            }
+            self.check_safety().await?;
+            if self.queue.depth(&self.name).await.expect("depth").total() == 0 {
+                break;
+            }
+            self.clock.advance(Duration::from_secs(3_600));
+        }
+        if self.queue.depth(&self.name).await.expect("depth").total() != 0 {
+            return Err("invariant 1: the queue never drained".to_owned());
+        }
+        let effects = self.store.effects();
+        let letters = self.letters().await;
+        for job in &self.jobs {
+            let committed = effects.iter().filter(|e| **e == job.n.to_string()).count();
+            let pending = letters
+                .iter()
+                .filter(|l| {
+                    l.status == DeadLetterStatus::PendingReview
+                        && l.letter.job_id == Some(job.envelope.job_id)
+                })
+                .count();
+            if committed + pending != 1 {
+                return Err(format!(
+                    "invariant 1: job {} ended committed {committed} times and pending in the dead letters {pending} times (replayed {} times)",
+                    job.n, job.replays
+                ));
+            }
+        }
+        for bytes in &self.poison {
+            let published = self.poison.iter().filter(|b| *b == bytes).count();
+            let landed = letters
+                .iter()
+                .filter(|l| l.letter.payload == *bytes)
+                .count();
+            if landed != published {
+                return Err(format!(
+                    "invariant 4: poison {bytes:?} published {published} times, {landed} dead letters hold it intact"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Keeps the scripted panics (thousands per run) out of the test output; any other panic
+/// still reaches the default hook.
+fn quiet_scripted_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let scripted = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|m| m.starts_with(SCRIPTED_PANIC));
+            if !scripted {
+                default(info);
+            }
+        }));
+    });
+}
+
+const SCRIPTED_PANIC: &str = "scripted panic in job";
+
+/// Runs `events` against the system with `mutant`; `Err` names the broken invariant.
+fn run_model(events: &[Event], mutant: Mutant) -> Result<(), String> {
+    quiet_scripted_panics();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(async {
+            let mut system = System::new(mutant);
+            for (i, event) in events.iter().enumerate() {
+                system.apply(event).await;
+                system
+                    .check_safety()
+                    .await
+                    .map_err(|e| format!("after step {i} ({event:?}): {e}"))?;
+            }
+            system.drain_and_check().await
+        })
+}
+
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+fn events() -> impl Strategy<Value = Vec<Event>> {
+    prop::collection::vec(event(), 1..40)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(64), ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_runtime_keeps_every_invariant(events in events()) {
+        if let Err(broken) = run_model(&events, Mutant::None) {
+            return Err(TestCaseError::fail(broken));
+        }
+    }
+}
+
+#[test]
+fn mutants_are_caught() {
+    for mutant in [
+        Mutant::NoClaim,
+        Mutant::AckOnReceive,
+        Mutant::RetryPoison,
+        Mutant::AttemptsFromZero,
+    ] {
+        let config = Config {
+            cases: 256,
+            failure_persistence: None,
+            ..Config::default()
+        };
+        let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+        let mut runner = TestRunner::new_with_rng(config, rng);
+        let result = runner.run(&events(), |events| {
+            run_model(&events, mutant).map_err(TestCaseError::fail)
+        });
+        match result {
+            Err(proptest::test_runner::TestError::Fail(reason, _)) => {
+                println!("mutant {mutant:?} caught: {reason}");
+            }
+            other => panic!(
+                "the properties did not notice the mutant {mutant:?} ({other:?}): the suite lost its teeth"
+            ),
+        }
+    }
+}
