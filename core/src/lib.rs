@@ -11,6 +11,8 @@
 //! - [`WorkStore`] and [`WorkTransaction`]: the idempotent work transaction over
 //!   `core.processed_jobs`. [`DeadLetterStore`]: `core.dead_letters`. [`ProcessedJobs`]: TTL
 //!   cleanup.
+//! - [`RateLimiter`]: token buckets per provider and per tenant. [`TenantDirectory`]: the
+//!   tenants a cron fan-out reaches.
 //! - [`Alerter`]: raising alerts. [`Clock`]: time as a port, with [`ManualClock`] for tests.
 //!
 //! With the `mock` feature, every port has a [mockall] mock (`MockQueuePort`, …) for the unit
@@ -43,9 +45,15 @@ pub use queue::{
 };
 #[cfg(feature = "mock")]
 pub use queue::{MockConsumerPort, MockQueueDepth, MockQueuePort};
+#[cfg(feature = "mock")]
+pub use rate::MockRateLimiter;
+pub use rate::{Acquired, Bucket, BucketKey, RateLimitError, RateLimiter};
 pub use store::{
     Claim, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
     NewDeadLetter, ProcessedJobs, Recorded, StoreError, Transition, WorkStore, WorkTransaction,
 };
 #[cfg(feature = "mock")]
 pub use store::{MockDeadLetterStore, MockProcessedJobs};
+#[cfg(feature = "mock")]
+pub use tenants::MockTenantDirectory;
+pub use tenants::{DirectoryError, Tenant, TenantDirectory, TenantPage};
