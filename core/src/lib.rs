@@ -25,8 +25,10 @@ mod error;
 mod id;
 mod name;
 mod queue;
+mod rate;
 pub mod schema;
 mod store;
+mod tenants;
 
 #[cfg(feature = "mock")]
 pub use alert::MockAlerter;

@@ -88,8 +88,11 @@ pub enum Acquired {
 pub trait RateLimiter: Send + Sync {
     /// Takes `cost` tokens from every bucket in `buckets`, atomically: all of them or none, so
     /// a tenant that is denied never burns its provider's capacity.
-    async fn acquire(&self, buckets: &[(BucketKey, Bucket)], cost: u32)
-    -> Result<Acquired, RateLimitError>;
+    async fn acquire(
+        &self,
+        buckets: &[(BucketKey, Bucket)],
+        cost: u32,
+    ) -> Result<Acquired, RateLimitError>;
 
     /// Empties `key` until `until`: after a provider's 429 with `Retry-After`, every worker
     /// backs off, not just the one that was told.

@@ -31,7 +31,8 @@ pub struct TenantPage {
 #[async_trait]
 pub trait TenantDirectory: Send + Sync {
     /// Up to `limit` tenants with ids after `after` (from the first when `None`), in id order.
-    async fn page(&self, after: Option<TenantId>, limit: u32) -> Result<TenantPage, DirectoryError>;
+    async fn page(&self, after: Option<TenantId>, limit: u32)
+    -> Result<TenantPage, DirectoryError>;
 }
 
 /// The directory could not be read.
