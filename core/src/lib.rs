@@ -15,7 +15,7 @@
 //!   tenants a cron fan-out reaches.
 //! - [`Alerter`]: raising alerts. [`Clock`]: time as a port, with [`ManualClock`] for tests.
 //!
-//! With the `mock` feature, every port has a [mockall] mock (`MockQueuePort`, …) for the unit
+//! With the `mock` feature, every port has a `mockall` mock (`MockQueuePort`, …) for the unit
 //! tests of downstream modules.
 
 mod alert;
