@@ -13,6 +13,7 @@
 pub mod contract;
 pub mod fakes;
 pub mod fixtures;
+pub mod model;
 
 /// mockall mocks of every port, re-exported from `jobs-core`'s `mock` feature.
 ///
