@@ -24,7 +24,8 @@ pub struct DeadLetters {
 pub enum Replayed {
     /// Published again and marked `replayed`.
     Done,
-    /// It was replayed before: nothing done.
+    /// It was replayed before; published again (harmless: deduplicated, or skipped by the
+    /// job's claim).
     AlreadyDone,
 }
 
@@ -53,8 +54,10 @@ pub enum ReplayError {
         /// What is wrong with the payload.
         source: EnvelopeError,
     },
-    /// Publishing failed; the letter is still pending and the replay can be repeated.
-    #[error("publishing dead letter {id} failed: {source}")]
+    /// Publishing failed after the letter was marked replayed: run the replay again.
+    #[error(
+        "publishing dead letter {id} failed ({source}); it is marked replayed: replay it again to publish"
+    )]
     Publish {
         /// The letter.
         id: DeadLetterId,
@@ -82,11 +85,14 @@ impl DeadLetters {
         self
     }
 
-    /// Publishes the original envelope (same job id, same correlation id) to its queue, then
-    /// marks the letter `replayed`. With `tenant`, only that tenant's letter.
+    /// Marks the letter `replayed`, which releases the job's claim in `processed_jobs`, then
+    /// publishes the original envelope (same job id, same correlation id) to its queue. With
+    /// `tenant`, only that tenant's letter.
     ///
-    /// The publish carries the dedup key `dead-letter-{id}`, so a replay repeated after a crash
-    /// between publish and mark is dropped by the transport rather than delivered twice.
+    /// Repeating a replay publishes again, under the same dedup key `dead-letter-{id}`: a replay
+    /// interrupted between the mark and the publish is finished by running it again, and one
+    /// that had finished is dropped by the transport's deduplication or, past its window, by
+    /// the job's claim. A bulk replay can therefore always be re-run.
     pub async fn replay(
         &self,
         id: DeadLetterId,
@@ -96,28 +102,30 @@ impl DeadLetters {
             Some(letter) if tenant.is_none_or(|t| letter.letter.tenant_id == Some(t)) => letter,
             _ => return Err(ReplayError::NotFound(id)),
         };
-        match letter.status {
-            DeadLetterStatus::PendingReview => {}
-            DeadLetterStatus::Replayed => return Ok(Replayed::AlreadyDone),
-            status => return Err(ReplayError::Conflict { id, status }),
+        if let DeadLetterStatus::Discarded = letter.status {
+            return Err(ReplayError::Conflict {
+                id,
+                status: letter.status,
+            });
         }
         let envelope = Envelope::decode(&letter.letter.payload)
             .map_err(|source| ReplayError::NotAnEnvelope { id, source })?;
+        let outcome = match self
+            .store
+            .transition(id, DeadLetterStatus::Replayed, tenant, self.clock.now())
+            .await?
+        {
+            Transition::Done => Replayed::Done,
+            Transition::AlreadyDone => Replayed::AlreadyDone,
+            Transition::Conflict(status) => return Err(ReplayError::Conflict { id, status }),
+            Transition::NotFound => return Err(ReplayError::NotFound(id)),
+        };
         let opts = PublishOptions::default().dedup_key(format!("dead-letter-{id}"));
         self.queue
             .publish(&letter.letter.queue, &envelope, opts)
             .await
             .map_err(|source| ReplayError::Publish { id, source })?;
-        match self
-            .store
-            .transition(id, DeadLetterStatus::Replayed, tenant, self.clock.now())
-            .await?
-        {
-            Transition::Done => Ok(Replayed::Done),
-            Transition::AlreadyDone => Ok(Replayed::AlreadyDone),
-            Transition::Conflict(status) => Err(ReplayError::Conflict { id, status }),
-            Transition::NotFound => Err(ReplayError::NotFound(id)),
-        }
+        Ok(outcome)
     }
 
     /// Marks the letter `discarded`. With `tenant`, only that tenant's letter.

@@ -250,6 +250,9 @@ impl<S: WorkStore> fmt::Debug for Worker<S> {
 /// The envelope fields that could be read from a payload, for a dead letter.
 #[derive(Default)]
 struct Salvage {
+    /// Whether the fields come from a valid envelope (then the job id is its identity), rather
+    /// than from whatever a broken payload still holds.
+    valid: bool,
     job_id: Option<JobId>,
     tenant_id: Option<TenantId>,
     kind: Option<Kind>,
@@ -259,6 +262,7 @@ struct Salvage {
 impl Salvage {
     fn of(envelope: &Envelope) -> Self {
         Salvage {
+            valid: true,
             job_id: Some(envelope.job_id),
             tenant_id: Some(envelope.tenant_id),
             kind: Some(envelope.kind.clone()),
@@ -273,6 +277,7 @@ impl Salvage {
         };
         let field = |name: &str| map.get(name).and_then(Value::as_str);
         Salvage {
+            valid: false,
             job_id: field("job_id").and_then(|s| s.parse().ok()),
             tenant_id: field("tenant_id").and_then(|s| s.parse().ok()),
             kind: field("kind").and_then(|s| s.parse().ok()),
@@ -474,7 +479,8 @@ where
         };
         match tx.claim(job_id, &self.consumer, self.clock.now()).await {
             Ok(Claim::Claimed) => {}
-            Ok(Claim::AlreadyProcessed) => {
+            // Settled before: processed, or dead-lettered (a replay releases the claim).
+            Ok(Claim::AlreadyProcessed | Claim::DeadLettered) => {
                 rollback(tx).await;
                 metrics::counter!("jobs_duplicate_skipped_total", self.labels(&kind)).increment(1);
                 return match self.transport.ack(&delivery.lease).await {
@@ -575,6 +581,10 @@ where
         }
     }
 
+    /// Records the dead letter, then acks. A valid envelope is dead-lettered in a work
+    /// transaction that claims its job, so the letter and the claim commit together: no copy of the
+    /// job can commit its effect as well, and a copy that committed first wins (the delivery is
+    /// then a duplicate). Whatever fails, the message stays unacked and comes back.
     async fn dead_letter(
         &self,
         delivery: &Delivery,
@@ -590,9 +600,13 @@ where
             .job_id
             .map(|id| id.to_string())
             .or_else(|| delivery.message_id.clone());
+        let job_id = salvage.job_id;
+        // A broken payload's job id is not trusted to settle anyone's claim.
+        let claimable = salvage.job_id.filter(|_| salvage.valid);
         let letter = NewDeadLetter {
-            job_id: salvage.job_id,
+            job_id,
             queue: self.queue.clone(),
+            consumer: Some(self.consumer.clone()),
             tenant_id: salvage.tenant_id,
             kind: salvage.kind,
             correlation_id: salvage.correlation_id,
@@ -602,8 +616,19 @@ where
             dedup_key,
             at: self.clock.now(),
         };
-        let recorded = match self.dead_letters.record(letter).await {
-            Ok(recorded) => recorded,
+        let recorded = match claimable {
+            Some(job_id) => self.record_claimed(job_id, letter).await,
+            None => self.dead_letters.record(letter).await.map(Some),
+        };
+        let recorded = match recorded {
+            Ok(Some(recorded)) => recorded,
+            Ok(None) => {
+                // A copy settled the job first.
+                return match self.transport.ack(&delivery.lease).await {
+                    Ok(()) => Outcome::Duplicate,
+                    Err(e) => unsettled("ack of a duplicate", &e),
+                };
+            }
             Err(e) => {
                 tracing::error!(error = %e, "could not record the dead letter; leaving the message unacked");
                 return Outcome::Unsettled {
@@ -628,6 +653,46 @@ where
             }
         }
         self.ack_dead(delivery, recorded.id(), reason).await
+    }
+
+    /// Claims the job and records the letter in one work transaction; `None` when the job was
+    /// settled already (processed, or dead-lettered by an earlier delivery).
+    async fn record_claimed(
+        &self,
+        job_id: JobId,
+        letter: NewDeadLetter,
+    ) -> Result<Option<Recorded>, StoreError> {
+        let mut tx = self.store.begin().await?;
+        match tx.claim(job_id, &self.consumer, self.clock.now()).await {
+            Ok(Claim::Claimed) => {}
+            Ok(Claim::AlreadyProcessed) => {
+                rollback(tx).await;
+                return Ok(None);
+            }
+            Ok(Claim::DeadLettered) => {
+                rollback(tx).await;
+                let key = job_id.to_string();
+                return Ok(self
+                    .dead_letters
+                    .pending(&self.queue, &key)
+                    .await?
+                    .map(Recorded::Existing));
+            }
+            Err(e) => {
+                rollback(tx).await;
+                return Err(e);
+            }
+        }
+        match tx.record_dead_letter(letter).await {
+            Ok(recorded) => {
+                tx.commit().await?;
+                Ok(Some(recorded))
+            }
+            Err(e) => {
+                rollback(tx).await;
+                Err(e)
+            }
+        }
     }
 
     async fn ack_dead(&self, delivery: &Delivery, id: DeadLetterId, reason: DeadReason) -> Outcome {

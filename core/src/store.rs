@@ -3,7 +3,9 @@
 //! The worker runtime opens a [`WorkTransaction`], claims `(job_id, consumer)` in
 //! `core.processed_jobs`, runs the handler with that same transaction so the handler's writes
 //! commit atomically with the claim, then commits and only then acks. A claim that finds the row
-//! already there means the job's effect is committed: the delivery is a duplicate.
+//! already there means the job is settled for this consumer: its effect committed, or it was
+//! dead-lettered (the dead letter is recorded in a work transaction holding the claim, so the
+//! two are never both true). Replaying a dead letter releases the claim.
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,9 +23,12 @@ use crate::name::{ConsumerName, Kind, QueueName};
 pub enum Claim {
     /// The row is new: run the handler in this transaction.
     Claimed,
-    /// The job's effect was committed before, or the job waits in the dead letters for an
-    /// operator: either way, skip the handler and ack. Only a replay runs a dead letter again.
+    /// The job is settled for this consumer (processed, or dead-lettered and then discarded):
+    /// skip the handler and ack.
     AlreadyProcessed,
+    /// The job waits in the dead letters for an operator (or its replay is under way): skip
+    /// the handler and come back later; only a replay runs it again.
+    DeadLettered,
 }
 
 /// One unit of work: the processed-jobs claim and the handler's own writes, committed or
@@ -34,14 +39,21 @@ pub enum Claim {
 /// without committing it rolls it back.
 #[async_trait]
 pub trait WorkTransaction: Send + 'static {
-    /// Inserts `(job_id, consumer, at)` into `core.processed_jobs` unless it is there or a
-    /// pending dead letter has the dedup key `job_id` (then [`Claim::AlreadyProcessed`]).
+    /// Inserts `(job_id, consumer, at)` into `core.processed_jobs`. When the row is there
+    /// already, answers [`Claim::DeadLettered`] if a dead letter of this job and consumer is
+    /// pending review, else [`Claim::AlreadyProcessed`]. If another open transaction holds the
+    /// claim, waits for it to end.
     async fn claim(
         &mut self,
         job_id: JobId,
         consumer: &ConsumerName,
         at: SystemTime,
     ) -> Result<Claim, StoreError>;
+
+    /// Records a dead letter in this transaction, which holds the job's claim: committed
+    /// together, the job is settled as dead-lettered, and no copy can run it until a replay
+    /// releases the claim. Deduplicated like [`DeadLetterStore::record`].
+    async fn record_dead_letter(&mut self, letter: NewDeadLetter) -> Result<Recorded, StoreError>;
 
     /// Makes the claim and every write of the handler durable.
     async fn commit(self) -> Result<(), StoreError>
@@ -141,6 +153,8 @@ pub struct NewDeadLetter {
     pub job_id: Option<JobId>,
     /// The queue the message came from.
     pub queue: QueueName,
+    /// The consumer that gave up on it, whose claim a replay releases.
+    pub consumer: Option<ConsumerName>,
     /// The tenant, when it could be read.
     pub tenant_id: Option<TenantId>,
     /// The kind, when it could be read.
@@ -259,6 +273,8 @@ pub trait DeadLetterStore: Send + Sync {
 
     /// Moves a dead letter from `PendingReview` to `to`; with `tenant`, only that tenant's.
     /// `to = PendingReview` is refused with [`StoreError::Failed`]: a letter never goes back.
+    /// Moving to `Replayed` also deletes the claim of the letter's job and consumer in
+    /// `processed_jobs`, in the same transaction, so the replayed job can run.
     async fn transition(
         &self,
         id: DeadLetterId,

@@ -143,8 +143,14 @@ pub struct Backend<S: WorkStore> {
     /// Writes an effect inside the work transaction.
     pub write_effect: WriteEffect<S::Tx>,
     /// Reads the committed effects.
-    pub effects: Arc<dyn Fn() -> BoxFuture<'static, Vec<String>> + Send + Sync>,
+    pub effects: Effects,
 }
+
+/// Publishes raw bytes to a queue, as a poisoned producer would.
+pub type Inject = Arc<dyn Fn(&QueueName, Vec<u8>) + Send + Sync>;
+
+/// Reads the committed effects.
+pub type Effects = Arc<dyn Fn() -> BoxFuture<'static, Vec<String>> + Send + Sync>;
 
 /// The transport under test, over a [`ManualClock`].
 pub struct Transport {
@@ -155,7 +161,7 @@ pub struct Transport {
     /// Reports depth, to know when the queue has drained.
     pub depth: Arc<dyn QueueDepth>,
     /// Publishes raw bytes (poison).
-    pub inject: Arc<dyn Fn(&QueueName, Vec<u8>) + Send + Sync>,
+    pub inject: Inject,
     /// The transport's clock.
     pub clock: ManualClock,
 }
@@ -177,7 +183,7 @@ struct ModelHandler<Tx> {
     scripts: Arc<Mutex<HashMap<u64, Vec<Step>>>>,
     log: Arc<Mutex<HandlerLog>>,
     write_effect: WriteEffect<Tx>,
-    effects: Arc<dyn Fn() -> BoxFuture<'static, Vec<String>> + Send + Sync>,
+    effects: Effects,
     clock: ManualClock,
 }
 
@@ -242,6 +248,10 @@ impl<T: WorkTransaction> WorkTransaction for MutantTx<T> {
             return Ok(Claim::Claimed);
         }
         self.inner.claim(job_id, consumer, at).await
+    }
+
+    async fn record_dead_letter(&mut self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
+        self.inner.record_dead_letter(letter).await
     }
 
     async fn commit(self) -> Result<(), StoreError> {
@@ -407,7 +417,7 @@ struct System<S: WorkStore> {
     clock: ManualClock,
     queue: Transport,
     store: S,
-    effects: Arc<dyn Fn() -> BoxFuture<'static, Vec<String>> + Send + Sync>,
+    effects: Effects,
     transport: Arc<Wire>,
     worker: Worker<MutantStore<S>>,
     ops: DeadLetters,

@@ -43,13 +43,38 @@ struct State {
 }
 
 impl State {
-    /// Whether `job_id` waits in the dead letters.
-    fn dead_lettered(&self, job_id: JobId) -> bool {
-        let key = job_id.to_string();
+    /// Whether a dead letter of `job_id` by `consumer` waits for review.
+    fn dead_lettered(&self, job_id: JobId, consumer: &ConsumerName) -> bool {
         self.dead_letters.values().any(|d| {
             d.status == DeadLetterStatus::PendingReview
-                && d.letter.dedup_key.as_deref() == Some(key.as_str())
+                && d.letter.job_id == Some(job_id)
+                && d.letter.consumer.as_ref() == Some(consumer)
         })
+    }
+
+    fn record(&mut self, letter: NewDeadLetter) -> Recorded {
+        if let Some(key) = &letter.dedup_key {
+            if let Some(id) = pending_with(self, &letter.queue, key) {
+                return Recorded::Existing(id);
+            }
+        }
+        self.next_dead_letter += 1;
+        let id = DeadLetterId(self.next_dead_letter);
+        self.insert(id, letter);
+        Recorded::New(id)
+    }
+
+    fn insert(&mut self, id: DeadLetterId, letter: NewDeadLetter) {
+        let updated_at = letter.at;
+        self.dead_letters.insert(
+            id,
+            DeadLetter {
+                id,
+                letter,
+                status: DeadLetterStatus::PendingReview,
+                updated_at,
+            },
+        );
     }
 }
 
@@ -74,6 +99,7 @@ pub struct MemoryWorkTx {
     store: MemoryStore,
     claims: Vec<(ClaimKey, SystemTime)>,
     effects: Vec<String>,
+    dead_letters: Vec<(DeadLetterId, NewDeadLetter)>,
     open: bool,
 }
 
@@ -97,6 +123,9 @@ impl MemoryWorkTx {
         }
         if commit {
             state.effects.append(&mut self.effects);
+            for (id, letter) in self.dead_letters.drain(..) {
+                state.insert(id, letter);
+            }
         }
         drop(state);
         self.store.shared.released.notify_waiters();
@@ -125,8 +154,12 @@ impl WorkTransaction for MemoryWorkTx {
             let released = self.store.shared.released.notified();
             {
                 let mut state = self.store.lock();
-                if state.processed.contains_key(&key) || state.dead_lettered(job_id) {
-                    return Ok(Claim::AlreadyProcessed);
+                if state.processed.contains_key(&key) {
+                    return Ok(if state.dead_lettered(job_id, consumer) {
+                        Claim::DeadLettered
+                    } else {
+                        Claim::AlreadyProcessed
+                    });
                 }
                 if state.pending.insert(key.clone()) {
                     self.claims.push((key, at));
@@ -136,6 +169,20 @@ impl WorkTransaction for MemoryWorkTx {
             // Another open transaction holds the claim: wait for it to commit or roll back.
             released.await;
         }
+    }
+
+    async fn record_dead_letter(&mut self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
+        let mut state = self.store.lock();
+        if let Some(key) = &letter.dedup_key {
+            if let Some(id) = pending_with(&state, &letter.queue, key) {
+                return Ok(Recorded::Existing(id));
+            }
+        }
+        // Like an identity column: the id is taken now, and lost if the transaction rolls back.
+        state.next_dead_letter += 1;
+        let id = DeadLetterId(state.next_dead_letter);
+        self.dead_letters.push((id, letter));
+        Ok(Recorded::New(id))
     }
 
     async fn commit(mut self) -> Result<(), StoreError> {
@@ -158,6 +205,7 @@ impl WorkStore for MemoryStore {
             store: self.clone(),
             claims: vec![],
             effects: vec![],
+            dead_letters: vec![],
             open: true,
         })
     }
@@ -223,25 +271,7 @@ fn pending_with(state: &State, queue: &QueueName, key: &str) -> Option<DeadLette
 #[async_trait]
 impl DeadLetterStore for MemoryStore {
     async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
-        let mut state = self.lock();
-        if let Some(key) = &letter.dedup_key {
-            if let Some(id) = pending_with(&state, &letter.queue, key) {
-                return Ok(Recorded::Existing(id));
-            }
-        }
-        state.next_dead_letter += 1;
-        let id = DeadLetterId(state.next_dead_letter);
-        let updated_at = letter.at;
-        state.dead_letters.insert(
-            id,
-            DeadLetter {
-                id,
-                letter,
-                status: DeadLetterStatus::PendingReview,
-                updated_at,
-            },
-        );
-        Ok(Recorded::New(id))
+        Ok(self.lock().record(letter))
     }
 
     async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
@@ -286,10 +316,19 @@ impl DeadLetterStore for MemoryStore {
         if tenant.is_some_and(|t| letter.letter.tenant_id != Some(t)) {
             return Ok(Transition::NotFound);
         }
+        let released = match (to, &letter.letter.job_id, &letter.letter.consumer) {
+            (DeadLetterStatus::Replayed, Some(job), Some(consumer)) => {
+                Some((*job, consumer.clone()))
+            }
+            _ => None,
+        };
         Ok(match letter.status {
             DeadLetterStatus::PendingReview => {
                 letter.status = to;
                 letter.updated_at = at;
+                if let Some(key) = released {
+                    state.processed.remove(&key);
+                }
                 Transition::Done
             }
             current if current == to => Transition::AlreadyDone,

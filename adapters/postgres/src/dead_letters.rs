@@ -10,14 +10,14 @@ use jobs_core::{
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Uuid;
-use sqlx::{QueryBuilder, Row};
+use sqlx::{PgConnection, QueryBuilder, Row};
 
 use crate::PgStore;
 use crate::convert::{from_timestamp, id_from_uuid, to_timestamp};
 use crate::error::{corrupt, store_error};
 
-const COLUMNS: &str = "id, job_id, queue, tenant_id, kind, correlation_id, payload, attempts, \
-                       last_error, dedup_key, status, created_at, updated_at";
+const COLUMNS: &str = "id, job_id, queue, consumer, tenant_id, kind, correlation_id, payload, \
+                       attempts, last_error, dedup_key, status, created_at, updated_at";
 
 /// How often `record` retries when the pending letter it collided with left `pending_review`
 /// before it could be read (each retry needs another operator action to race with).
@@ -48,6 +48,7 @@ where
 fn dead_letter(row: &PgRow) -> Result<DeadLetter, StoreError> {
     let id: i64 = row.try_get("id").map_err(decode_err)?;
     let queue: String = row.try_get("queue").map_err(decode_err)?;
+    let consumer: Option<String> = row.try_get("consumer").map_err(decode_err)?;
     let kind: Option<String> = row.try_get("kind").map_err(decode_err)?;
     let attempts: i32 = row.try_get("attempts").map_err(decode_err)?;
     let status: String = row.try_get("status").map_err(decode_err)?;
@@ -58,6 +59,7 @@ fn dead_letter(row: &PgRow) -> Result<DeadLetter, StoreError> {
         letter: NewDeadLetter {
             job_id: optional_id("job_id", row.try_get("job_id").map_err(decode_err)?)?,
             queue: parse(id, "queue", &queue)?,
+            consumer: consumer.map(|c| parse(id, "consumer", &c)).transpose()?,
             tenant_id: optional_id("tenant_id", row.try_get("tenant_id").map_err(decode_err)?)?,
             kind: kind.map(|k| parse(id, "kind", &k)).transpose()?,
             correlation_id: optional_id(
@@ -76,75 +78,87 @@ fn dead_letter(row: &PgRow) -> Result<DeadLetter, StoreError> {
     })
 }
 
-impl PgStore {
-    async fn pending_id(
-        &self,
-        queue: &QueueName,
-        dedup_key: &str,
-    ) -> Result<Option<DeadLetterId>, StoreError> {
-        let id: Option<i64> = sqlx::query_scalar(
-            "select id from core.dead_letters \
-             where queue = $1 and dedup_key = $2 and status = 'pending_review'",
+async fn pending_id(
+    conn: &mut PgConnection,
+    queue: &QueueName,
+    dedup_key: &str,
+) -> Result<Option<DeadLetterId>, StoreError> {
+    let id: Option<i64> = sqlx::query_scalar(
+        "select id from core.dead_letters \
+         where queue = $1 and dedup_key = $2 and status = 'pending_review'",
+    )
+    .bind(queue.as_str())
+    .bind(dedup_key)
+    .fetch_optional(conn)
+    .await
+    .map_err(|e| store_error("read core.dead_letters", e))?;
+    Ok(id.map(DeadLetterId))
+}
+
+/// `insert ... on conflict do nothing returning id` against the unique index of pending
+/// letters by `(queue, dedup_key)`; on conflict, the pending letter's id. A concurrent
+/// record of the same key waits for the first insert and then finds it.
+pub(crate) async fn record_on(
+    conn: &mut PgConnection,
+    letter: &NewDeadLetter,
+) -> Result<Recorded, StoreError> {
+    let attempts = i32::try_from(letter.attempts).map_err(|e| StoreError::Failed {
+        message: format!(
+            "attempts {} does not fit an integer column",
+            letter.attempts
+        ),
+        source: Some(Box::new(e)),
+    })?;
+    let at = to_timestamp(letter.at)?;
+    for _ in 0..RECORD_ATTEMPTS {
+        let inserted: Option<i64> = sqlx::query_scalar(
+            "insert into core.dead_letters (job_id, queue, tenant_id, kind, correlation_id, \
+                 payload, attempts, last_error, dedup_key, created_at, updated_at, consumer) \
+             values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11) \
+             on conflict (queue, dedup_key) \
+                 where status = 'pending_review' and dedup_key is not null do nothing \
+             returning id",
         )
-        .bind(queue.as_str())
-        .bind(dedup_key)
-        .fetch_optional(self.pool())
+        .bind(letter.job_id.map(|id| id.as_uuid()))
+        .bind(letter.queue.as_str())
+        .bind(letter.tenant_id.map(|id| id.as_uuid()))
+        .bind(letter.kind.as_ref().map(|k| k.as_str()))
+        .bind(letter.correlation_id.map(|id| id.as_uuid()))
+        .bind(letter.payload.as_slice())
+        .bind(attempts)
+        .bind(letter.last_error.as_str())
+        .bind(letter.dedup_key.as_deref())
+        .bind(at)
+        .bind(letter.consumer.as_ref().map(|c| c.as_str()))
+        .fetch_optional(&mut *conn)
         .await
-        .map_err(|e| store_error("read core.dead_letters", e))?;
-        Ok(id.map(DeadLetterId))
+        .map_err(|e| store_error("insert into core.dead_letters", e))?;
+        if let Some(id) = inserted {
+            return Ok(Recorded::New(DeadLetterId(id)));
+        }
+        // Only a pending letter with the same key conflicts, and a key is present.
+        let key = letter.dedup_key.as_deref().unwrap_or_default();
+        if let Some(existing) = pending_id(&mut *conn, &letter.queue, key).await? {
+            tracing::debug!(queue = %letter.queue, id = %existing, "dead letter already pending");
+            return Ok(Recorded::Existing(existing));
+        }
     }
+    Err(StoreError::unavailable(format!(
+        "the pending dead letter of queue {} with dedup key {:?} kept changing",
+        letter.queue, letter.dedup_key
+    )))
 }
 
 #[async_trait]
 impl DeadLetterStore for PgStore {
-    /// `insert ... on conflict do nothing returning id` against the unique index of pending
-    /// letters by `(queue, dedup_key)`; on conflict, the pending letter's id. A concurrent
-    /// record of the same key waits for the first insert and then finds it.
+    /// See [`record_on`].
     async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
-        let attempts = i32::try_from(letter.attempts).map_err(|e| StoreError::Failed {
-            message: format!(
-                "attempts {} does not fit an integer column",
-                letter.attempts
-            ),
-            source: Some(Box::new(e)),
-        })?;
-        let at = to_timestamp(letter.at)?;
-        for _ in 0..RECORD_ATTEMPTS {
-            let inserted: Option<i64> = sqlx::query_scalar(
-                "insert into core.dead_letters (job_id, queue, tenant_id, kind, correlation_id, \
-                     payload, attempts, last_error, dedup_key, created_at, updated_at) \
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10) \
-                 on conflict (queue, dedup_key) \
-                     where status = 'pending_review' and dedup_key is not null do nothing \
-                 returning id",
-            )
-            .bind(letter.job_id.map(|id| id.as_uuid()))
-            .bind(letter.queue.as_str())
-            .bind(letter.tenant_id.map(|id| id.as_uuid()))
-            .bind(letter.kind.as_ref().map(|k| k.as_str()))
-            .bind(letter.correlation_id.map(|id| id.as_uuid()))
-            .bind(letter.payload.as_slice())
-            .bind(attempts)
-            .bind(letter.last_error.as_str())
-            .bind(letter.dedup_key.as_deref())
-            .bind(at)
-            .fetch_optional(self.pool())
+        let mut conn = self
+            .pool()
+            .acquire()
             .await
-            .map_err(|e| store_error("insert into core.dead_letters", e))?;
-            if let Some(id) = inserted {
-                return Ok(Recorded::New(DeadLetterId(id)));
-            }
-            // Only a pending letter with the same key conflicts, and a key is present.
-            let key = letter.dedup_key.as_deref().unwrap_or_default();
-            if let Some(existing) = self.pending_id(&letter.queue, key).await? {
-                tracing::debug!(queue = %letter.queue, id = %existing, "dead letter already pending");
-                return Ok(Recorded::Existing(existing));
-            }
-        }
-        Err(StoreError::unavailable(format!(
-            "the pending dead letter of queue {} with dedup key {:?} kept changing",
-            letter.queue, letter.dedup_key
-        )))
+            .map_err(|e| store_error("connect to record a dead letter", e))?;
+        record_on(&mut conn, &letter).await
     }
 
     async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
@@ -202,7 +216,12 @@ impl DeadLetterStore for PgStore {
         queue: &QueueName,
         dedup_key: &str,
     ) -> Result<Option<DeadLetterId>, StoreError> {
-        self.pending_id(queue, dedup_key).await
+        let mut conn = self
+            .pool()
+            .acquire()
+            .await
+            .map_err(|e| store_error("connect to read core.dead_letters", e))?;
+        pending_id(&mut conn, queue, dedup_key).await
     }
 
     /// One `UPDATE ... WHERE status = 'pending_review'` (and the tenant, when given); when it
@@ -222,19 +241,28 @@ impl DeadLetterStore for PgStore {
             ));
         }
         let tenant = tenant.map(|t| t.as_uuid());
-        let done = sqlx::query(
-            "update core.dead_letters set status = $1, updated_at = $2 \
-             where id = $3 and status = 'pending_review' \
-               and ($4::uuid is null or tenant_id = $4)",
+        // One statement: the status change and, for a replay, the release of the claim.
+        let moved: i64 = sqlx::query_scalar(
+            "with moved as ( \
+                 update core.dead_letters set status = $1, updated_at = $2 \
+                 where id = $3 and status = 'pending_review' \
+                   and ($4::uuid is null or tenant_id = $4) \
+                 returning job_id, consumer \
+             ), released as ( \
+                 delete from core.processed_jobs p using moved \
+                 where $1 = 'replayed' and p.job_id = moved.job_id \
+                   and p.consumer = moved.consumer \
+             ) \
+             select count(*) from moved",
         )
         .bind(to.as_str())
         .bind(to_timestamp(at)?)
         .bind(id.0)
         .bind(tenant)
-        .execute(self.pool())
+        .fetch_one(self.pool())
         .await
         .map_err(|e| store_error("update core.dead_letters", e))?;
-        if done.rows_affected() == 1 {
+        if moved == 1 {
             return Ok(Transition::Done);
         }
         let row: Option<(String, Option<Uuid>)> =

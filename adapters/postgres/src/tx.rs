@@ -5,7 +5,7 @@ use std::ops::{Deref, DerefMut};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
-use jobs_core::{Claim, ConsumerName, JobId, StoreError, WorkTransaction};
+use jobs_core::{Claim, ConsumerName, JobId, NewDeadLetter, Recorded, StoreError, WorkTransaction};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::convert::to_timestamp;
@@ -73,10 +73,9 @@ impl fmt::Debug for PgWorkTx {
 
 #[async_trait]
 impl WorkTransaction for PgWorkTx {
-    /// One statement: insert the row unless the job is pending in the dead letters, `on
-    /// conflict do nothing`. One row inserted is [`Claim::Claimed`], none is
-    /// [`Claim::AlreadyProcessed`]. If another open transaction inserted the same key, this
-    /// waits for it to end.
+    /// `insert ... on conflict do nothing`: one row inserted is [`Claim::Claimed`]. Only when
+    /// the row was there does a second statement ask whether the job waits for review. If
+    /// another open transaction inserted the same key, the insert waits for it to end.
     async fn claim(
         &mut self,
         job_id: JobId,
@@ -84,23 +83,36 @@ impl WorkTransaction for PgWorkTx {
         at: SystemTime,
     ) -> Result<Claim, StoreError> {
         let done = sqlx::query(
-            "insert into core.processed_jobs (job_id, consumer, processed_at) \
-             select $1, $2, $3 where not exists (select 1 from core.dead_letters \
-                 where dedup_key = $4 and status = 'pending_review') \
+            "insert into core.processed_jobs (job_id, consumer, processed_at) values ($1, $2, $3) \
              on conflict (job_id, consumer) do nothing",
         )
         .bind(job_id.as_uuid())
         .bind(consumer.as_str())
         .bind(to_timestamp(at)?)
-        .bind(job_id.to_string())
         .execute(&mut *self.tx)
         .await
         .map_err(|e| store_error("claim in core.processed_jobs", e))?;
-        Ok(if done.rows_affected() == 1 {
-            Claim::Claimed
+        if done.rows_affected() == 1 {
+            return Ok(Claim::Claimed);
+        }
+        let waiting: bool = sqlx::query_scalar(
+            "select exists (select 1 from core.dead_letters \
+                 where job_id = $1 and consumer = $2 and status = 'pending_review')",
+        )
+        .bind(job_id.as_uuid())
+        .bind(consumer.as_str())
+        .fetch_one(&mut *self.tx)
+        .await
+        .map_err(|e| store_error("read core.dead_letters", e))?;
+        Ok(if waiting {
+            Claim::DeadLettered
         } else {
             Claim::AlreadyProcessed
         })
+    }
+
+    async fn record_dead_letter(&mut self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
+        crate::dead_letters::record_on(&mut self.tx, &letter).await
     }
 
     async fn commit(self) -> Result<(), StoreError> {

@@ -337,6 +337,7 @@ async fn concurrent_records_of_one_key_make_one_pending_letter() {
         let letter = NewDeadLetter {
             job_id: Some(JobId::generate()),
             queue: "test.race".parse().expect("a valid queue name"),
+            consumer: None,
             tenant_id: Some(fixtures::tenant(1)),
             kind: Some(fixtures::kind("test.job")),
             correlation_id: Some(fixtures::correlation()),

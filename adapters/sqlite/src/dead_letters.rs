@@ -8,14 +8,14 @@ use jobs_core::{
     QueueName, Recorded, StoreError, TenantId, Transition,
 };
 use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row};
+use sqlx::{QueryBuilder, Row, SqliteConnection};
 
 use crate::SqliteStore;
 use crate::convert::{from_millis, to_millis};
 use crate::error::{corrupt, store_error};
 
-const COLUMNS: &str = "id, job_id, queue, tenant_id, kind, correlation_id, payload, attempts, \
-                       last_error, dedup_key, status, created_at, updated_at";
+const COLUMNS: &str = "id, job_id, queue, consumer, tenant_id, kind, correlation_id, payload, \
+                       attempts, last_error, dedup_key, status, created_at, updated_at";
 
 /// How often `record` retries when the pending letter it collided with left `pending_review`
 /// before it could be read (each retry needs another operator action to race with).
@@ -54,6 +54,7 @@ fn dead_letter(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
         letter: NewDeadLetter {
             job_id: column(row, id, "job_id")?,
             queue: parse(id, "queue", &queue)?,
+            consumer: column(row, id, "consumer")?,
             tenant_id: column(row, id, "tenant_id")?,
             kind: column(row, id, "kind")?,
             correlation_id: column(row, id, "correlation_id")?,
@@ -69,67 +70,80 @@ fn dead_letter(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
     })
 }
 
-impl SqliteStore {
-    async fn pending_id(
-        &self,
-        queue: &QueueName,
-        dedup_key: &str,
-    ) -> Result<Option<DeadLetterId>, StoreError> {
-        let id: Option<i64> = sqlx::query_scalar(
-            "select id from dead_letters \
-             where queue = ?1 and dedup_key = ?2 and status = 'pending_review'",
+async fn pending_id(
+    conn: &mut SqliteConnection,
+    queue: &QueueName,
+    dedup_key: &str,
+) -> Result<Option<DeadLetterId>, StoreError> {
+    let id: Option<i64> = sqlx::query_scalar(
+        "select id from dead_letters \
+         where queue = ?1 and dedup_key = ?2 and status = 'pending_review'",
+    )
+    .bind(queue.as_str())
+    .bind(dedup_key)
+    .fetch_optional(conn)
+    .await
+    .map_err(|e| store_error("read dead_letters", e))?;
+    Ok(id.map(DeadLetterId))
+}
+
+/// `insert ... on conflict do nothing returning id` against the unique index of pending
+/// letters by `(queue, dedup_key)`; on conflict, the pending letter's id. Runs on `conn`, a
+/// pool connection or a work transaction's.
+pub(crate) async fn record_on(
+    conn: &mut SqliteConnection,
+    letter: &NewDeadLetter,
+) -> Result<Recorded, StoreError> {
+    let at = to_millis(letter.at)?;
+    for _ in 0..RECORD_ATTEMPTS {
+        let inserted: Option<i64> = sqlx::query_scalar(
+            "insert into dead_letters (job_id, queue, tenant_id, kind, correlation_id, \
+                 payload, attempts, last_error, dedup_key, created_at, updated_at, consumer) \
+             values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11) \
+             on conflict (queue, dedup_key) \
+                 where status = 'pending_review' and dedup_key is not null do nothing \
+             returning id",
         )
-        .bind(queue.as_str())
-        .bind(dedup_key)
-        .fetch_optional(self.pool())
+        .bind(letter.job_id.map(|id| id.to_string()))
+        .bind(letter.queue.as_str())
+        .bind(letter.tenant_id.map(|id| id.to_string()))
+        .bind(letter.kind.as_ref().map(|k| k.as_str()))
+        .bind(letter.correlation_id.map(|id| id.to_string()))
+        .bind(letter.payload.as_slice())
+        .bind(i64::from(letter.attempts))
+        .bind(letter.last_error.as_str())
+        .bind(letter.dedup_key.as_deref())
+        .bind(at)
+        .bind(letter.consumer.as_ref().map(|c| c.as_str()))
+        .fetch_optional(&mut *conn)
         .await
-        .map_err(|e| store_error("read dead_letters", e))?;
-        Ok(id.map(DeadLetterId))
+        .map_err(|e| store_error("insert into dead_letters", e))?;
+        if let Some(id) = inserted {
+            return Ok(Recorded::New(DeadLetterId(id)));
+        }
+        // Only a pending letter with the same key conflicts, and a key is present.
+        let key = letter.dedup_key.as_deref().unwrap_or_default();
+        if let Some(existing) = pending_id(&mut *conn, &letter.queue, key).await? {
+            tracing::debug!(queue = %letter.queue, id = %existing, "dead letter already pending");
+            return Ok(Recorded::Existing(existing));
+        }
     }
+    Err(StoreError::unavailable(format!(
+        "the pending dead letter of queue {} with dedup key {:?} kept changing",
+        letter.queue, letter.dedup_key
+    )))
 }
 
 #[async_trait]
 impl DeadLetterStore for SqliteStore {
-    /// `insert ... on conflict do nothing returning id` against the unique index of pending
-    /// letters by `(queue, dedup_key)`; on conflict, the pending letter's id.
+    /// See [`record_on`].
     async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
-        let at = to_millis(letter.at)?;
-        for _ in 0..RECORD_ATTEMPTS {
-            let inserted: Option<i64> = sqlx::query_scalar(
-                "insert into dead_letters (job_id, queue, tenant_id, kind, correlation_id, \
-                     payload, attempts, last_error, dedup_key, created_at, updated_at) \
-                 values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10) \
-                 on conflict (queue, dedup_key) \
-                     where status = 'pending_review' and dedup_key is not null do nothing \
-                 returning id",
-            )
-            .bind(letter.job_id.map(|id| id.to_string()))
-            .bind(letter.queue.as_str())
-            .bind(letter.tenant_id.map(|id| id.to_string()))
-            .bind(letter.kind.as_ref().map(|k| k.as_str()))
-            .bind(letter.correlation_id.map(|id| id.to_string()))
-            .bind(letter.payload.as_slice())
-            .bind(i64::from(letter.attempts))
-            .bind(letter.last_error.as_str())
-            .bind(letter.dedup_key.as_deref())
-            .bind(at)
-            .fetch_optional(self.pool())
+        let mut conn = self
+            .pool()
+            .acquire()
             .await
-            .map_err(|e| store_error("insert into dead_letters", e))?;
-            if let Some(id) = inserted {
-                return Ok(Recorded::New(DeadLetterId(id)));
-            }
-            // Only a pending letter with the same key conflicts, and a key is present.
-            let key = letter.dedup_key.as_deref().unwrap_or_default();
-            if let Some(existing) = self.pending_id(&letter.queue, key).await? {
-                tracing::debug!(queue = %letter.queue, id = %existing, "dead letter already pending");
-                return Ok(Recorded::Existing(existing));
-            }
-        }
-        Err(StoreError::unavailable(format!(
-            "the pending dead letter of queue {} with dedup key {:?} kept changing",
-            letter.queue, letter.dedup_key
-        )))
+            .map_err(|e| store_error("connect to record a dead letter", e))?;
+        record_on(&mut conn, &letter).await
     }
 
     async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
@@ -185,7 +199,12 @@ impl DeadLetterStore for SqliteStore {
         queue: &QueueName,
         dedup_key: &str,
     ) -> Result<Option<DeadLetterId>, StoreError> {
-        self.pending_id(queue, dedup_key).await
+        let mut conn = self
+            .pool()
+            .acquire()
+            .await
+            .map_err(|e| store_error("connect to read dead_letters", e))?;
+        pending_id(&mut conn, queue, dedup_key).await
     }
 
     /// One `UPDATE ... WHERE status = 'pending_review'` (and the tenant, when given); when it
@@ -205,21 +224,44 @@ impl DeadLetterStore for SqliteStore {
             ));
         }
         let tenant = tenant.map(|t| t.to_string());
-        let done = sqlx::query(
+        // The status change and, for a replay, the release of the claim, in one transaction.
+        let mut tx = self
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| store_error("begin a dead-letter transition", e))?;
+        let moved: Option<(Option<String>, Option<String>)> = sqlx::query_as(
             "update dead_letters set status = ?1, updated_at = ?2 \
              where id = ?3 and status = 'pending_review' \
-               and (?4 is null or tenant_id = ?4)",
+               and (?4 is null or tenant_id = ?4) \
+             returning job_id, consumer",
         )
         .bind(to.as_str())
         .bind(to_millis(at)?)
         .bind(id.0)
         .bind(tenant.as_deref())
-        .execute(self.pool())
+        .fetch_optional(&mut *tx)
         .await
         .map_err(|e| store_error("update dead_letters", e))?;
-        if done.rows_affected() == 1 {
+        if let Some((job_id, consumer)) = moved {
+            if let (DeadLetterStatus::Replayed, Some(job_id), Some(consumer)) =
+                (to, job_id, consumer)
+            {
+                sqlx::query("delete from processed_jobs where job_id = ?1 and consumer = ?2")
+                    .bind(job_id)
+                    .bind(consumer)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| store_error("release the claim of a replayed job", e))?;
+            }
+            tx.commit()
+                .await
+                .map_err(|e| store_error("commit a dead-letter transition", e))?;
             return Ok(Transition::Done);
         }
+        tx.rollback()
+            .await
+            .map_err(|e| store_error("end a dead-letter transition", e))?;
         let row: Option<(String, Option<String>)> =
             sqlx::query_as("select status, tenant_id from dead_letters where id = ?1")
                 .bind(id.0)

@@ -130,6 +130,7 @@ async fn file_is_created_on_first_use_and_keeps_its_data() {
         let letter = NewDeadLetter {
             job_id: Some(job),
             queue: "test.files".parse().expect("a valid queue name"),
+            consumer: None,
             tenant_id: Some(fixtures::tenant(1)),
             kind: Some(fixtures::kind("test.job")),
             correlation_id: Some(fixtures::correlation()),

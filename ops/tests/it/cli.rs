@@ -68,6 +68,7 @@ async fn migrate_then_review_and_discard_dead_letters_on_sqlite() {
             .record(NewDeadLetter {
                 job_id: None,
                 queue: queue.clone(),
+                consumer: None,
                 tenant_id: None,
                 kind: None,
                 correlation_id: None,

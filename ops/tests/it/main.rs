@@ -2,5 +2,6 @@
 //! real stores.
 
 mod cli;
+mod model;
 mod pg;
 mod postgres;

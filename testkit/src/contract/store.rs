@@ -44,7 +44,7 @@ where
     transitions_dead_letters_once(make().await).await;
     transitions_only_the_tenants_dead_letters(make().await).await;
     purges_processed_jobs_in_bounded_batches(make().await).await;
-    a_pending_dead_letter_blocks_the_claim(make().await).await;
+    a_dead_letter_settles_the_claim_until_replayed(make().await).await;
 }
 
 /// A fixed instant with sub-millisecond digits, `secs` seconds after the base, so that engines
@@ -87,6 +87,7 @@ fn letter(q: &QueueName, n: u32, dedup_key: Option<&str>) -> NewDeadLetter {
     NewDeadLetter {
         job_id: Some(JobId::generate()),
         queue: q.clone(),
+        consumer: Some(consumer("letters")),
         tenant_id: Some(fixtures::tenant(1)),
         kind: Some(fixtures::kind("test.job")),
         correlation_id: Some(fixtures::correlation()),
@@ -317,7 +318,7 @@ async fn race<S: WorkStore>(check: &str, store: S, first_commits: bool) -> (Arc<
             let claim = tx.claim(job, &c, time(1)).await?;
             match claim {
                 Claim::Claimed => tx.commit().await?,
-                Claim::AlreadyProcessed => tx.rollback().await?,
+                Claim::AlreadyProcessed | Claim::DeadLettered => tx.rollback().await?,
             }
             Ok::<Claim, StoreError>(claim)
         }
@@ -387,6 +388,7 @@ pub async fn records_and_gets_dead_letters_exactly<S: DeadLetterStore>(store: S)
     let poison = NewDeadLetter {
         job_id: None,
         queue: q.clone(),
+        consumer: None,
         tenant_id: None,
         kind: None,
         correlation_id: None,
@@ -952,43 +954,89 @@ pub async fn purges_processed_jobs_in_bounded_batches<S: WorkStore + ProcessedJo
     }
 }
 
-/// While a job waits in the dead letters (dedup key = its job id), no consumer can claim it:
-/// a redelivered or republished copy is skipped. Once the letter is replayed, the claim works.
-pub async fn a_pending_dead_letter_blocks_the_claim<S: WorkStore + DeadLetterStore>(store: S) {
-    let check = "a_pending_dead_letter_blocks_the_claim";
-    let q = queue("blocks");
-    let job = JobId::generate();
-    let consumer = consumer("blocks");
-    let mut letter = letter(&q, 1, None);
-    letter.job_id = Some(job);
-    letter.dedup_key = Some(job.to_string());
-    let id = new_id(check, record(check, &store, letter).await);
+/// A dead letter recorded in a work transaction holding the job's claim settles the job: a
+/// later claim answers `DeadLettered`; a rolled-back record leaves nothing; replaying the letter
+/// releases the claim, discarding it does not.
+pub async fn a_dead_letter_settles_the_claim_until_replayed<S: WorkStore + DeadLetterStore>(
+    store: S,
+) {
+    let check = "a_dead_letter_settles_the_claim_until_replayed";
+    let q = queue("settles");
+    let consumer = consumer("settles");
+    let for_job = |job: JobId, n: u32| {
+        let mut letter = letter(&q, n, None);
+        letter.job_id = Some(job);
+        letter.consumer = Some(consumer.clone());
+        letter.dedup_key = Some(job.to_string());
+        letter
+    };
+
+    let rolled_back = JobId::generate();
+    let mut tx = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut tx, rolled_back, &consumer).await,
+        Claim::Claimed
+    );
+    tx.record_dead_letter(for_job(rolled_back, 1))
+        .await
+        .unwrap_or_else(|e| panic!("{check}: record in the transaction: {e}"));
+    rollback(check, tx).await;
+    let key = rolled_back.to_string();
+    assert_eq!(
+        pending(check, &store, &q, &key).await,
+        None,
+        "{check}: a rolled-back dead letter was kept"
+    );
+
+    let replayed = JobId::generate();
+    let discarded = JobId::generate();
+    let mut ids = vec![];
+    for (job, n) in [(replayed, 2), (discarded, 3)] {
+        let mut tx = begin(check, &store).await;
+        assert_eq!(claim(check, &mut tx, job, &consumer).await, Claim::Claimed);
+        let recorded = tx
+            .record_dead_letter(for_job(job, n))
+            .await
+            .unwrap_or_else(|e| panic!("{check}: record in the transaction: {e}"));
+        commit(check, tx).await;
+        ids.push(new_id(check, recorded));
+        let mut tx = begin(check, &store).await;
+        assert_eq!(
+            claim(check, &mut tx, job, &consumer).await,
+            Claim::DeadLettered,
+            "{check}: a dead-lettered job was claimable"
+        );
+        rollback(check, tx).await;
+    }
+    transition(
+        check,
+        &store,
+        ids[0],
+        DeadLetterStatus::Replayed,
+        None,
+        time(5),
+    )
+    .await;
+    transition(
+        check,
+        &store,
+        ids[1],
+        DeadLetterStatus::Discarded,
+        None,
+        time(5),
+    )
+    .await;
 
     let mut tx = begin(check, &store).await;
-    let blocked = claim(check, &mut tx, job, &consumer).await;
     assert_eq!(
-        blocked,
+        claim(check, &mut tx, replayed, &consumer).await,
+        Claim::Claimed,
+        "{check}: a replay must release the claim"
+    );
+    assert_eq!(
+        claim(check, &mut tx, discarded, &consumer).await,
         Claim::AlreadyProcessed,
-        "{check}: claimed a job pending in the dead letters"
-    );
-    rollback(check, tx).await;
-
-    let other = JobId::generate();
-    let mut tx = begin(check, &store).await;
-    assert_eq!(
-        claim(check, &mut tx, other, &consumer).await,
-        Claim::Claimed,
-        "{check}: another job was blocked"
-    );
-    rollback(check, tx).await;
-
-    transition(check, &store, id, DeadLetterStatus::Replayed, None, time(5)).await;
-    let mut tx = begin(check, &store).await;
-    let replayed = claim(check, &mut tx, job, &consumer).await;
-    assert_eq!(
-        replayed,
-        Claim::Claimed,
-        "{check}: a replayed job must be claimable"
+        "{check}: a discarded job stays settled"
     );
     commit(check, tx).await;
 }
