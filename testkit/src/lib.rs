@@ -7,8 +7,10 @@
 //! - [`fixtures`]: envelopes and ids for tests.
 //! - [`fakes`]: local servers that speak a vendor's HTTP API, with fault hooks.
 //!
-//! This crate depends on `jobs-core` only, never on an adapter, so that an adapter can
-//! dev-depend on it without two copies of its own types in one test build.
+//! - [`model`]: model-based property tests of the worker runtime, for any store.
+//!
+//! This crate depends on `jobs-core` and `jobs-consumers`, never on an adapter, so that an
+//! adapter can dev-depend on it without two copies of its own types in one test build.
 
 pub mod contract;
 pub mod fakes;
