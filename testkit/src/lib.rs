@@ -7,6 +7,7 @@
 //! - [`fixtures`]: envelopes and ids for tests.
 //! - [`fakes`]: local servers that speak a vendor's HTTP API, with fault hooks.
 //!
+//! - [`faults`]: ports that fail on cue, e.g. a worker dying between commit and ack.
 //! - [`model`]: model-based property tests of the worker runtime, for any store.
 //!
 //! This crate depends on `jobs-core` and `jobs-consumers`, never on an adapter, so that an
@@ -14,6 +15,7 @@
 
 pub mod contract;
 pub mod fakes;
+pub mod faults;
 pub mod fixtures;
 pub mod model;
 

@@ -136,7 +136,8 @@ pub(crate) async fn record_on(
 
 #[async_trait]
 impl DeadLetterStore for SqliteStore {
-    /// See [`record_on`].
+    /// `insert ... on conflict do nothing returning id` against the unique index of pending
+    /// letters by `(queue, dedup_key)`; on conflict, the pending letter's id.
     async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
         let mut conn = self
             .pool()

@@ -1,17 +1,17 @@
 //! A worker wired to in-memory adapters, a scripted handler, and transports that fail on cue.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryWorkTx};
 use jobs_consumers::{Handler, Job, JobError, Outcome, Worker, WorkerConfig};
 use jobs_core::{
-    Alert, AlertError, Alerter, ConsumerName, ConsumerPort, Delivery, Envelope, Lease, ManualClock,
-    PublishOptions, QueueError, QueueName, QueuePort,
+    Alert, AlertError, Alerter, ConsumerName, Envelope, ManualClock, PublishOptions, QueueName,
+    QueuePort,
 };
+use jobs_testkit::faults::LosesAcks;
 use serde::Deserialize;
 
 /// What the scripted handler does on a given attempt.
@@ -45,55 +45,6 @@ impl Handler<MemoryWorkTx> for Scripted {
     }
 }
 
-/// A transport over the memory queue whose next `fail_acks` acks fail, as if the worker died
-/// between commit and ack.
-#[derive(Clone)]
-pub(crate) struct Flaky {
-    pub(crate) inner: MemoryQueue,
-    pub(crate) fail_acks: Arc<AtomicUsize>,
-    pub(crate) extends: Arc<AtomicUsize>,
-}
-
-#[async_trait]
-impl ConsumerPort for Flaky {
-    async fn receive(
-        &self,
-        q: &QueueName,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<Delivery>, QueueError> {
-        self.inner.receive(q, max, lease).await
-    }
-
-    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
-        let failing = self
-            .fail_acks
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if failing {
-            return Err(QueueError::Unavailable {
-                queue: lease.queue().clone(),
-                message: "worker crashed before the ack".into(),
-                source: None,
-            });
-        }
-        self.inner.ack(lease).await
-    }
-
-    async fn retry_at(&self, lease: &Lease, at: SystemTime) -> Result<(), QueueError> {
-        self.inner.retry_at(lease, at).await
-    }
-
-    async fn defer(&self, lease: &Lease, until: SystemTime) -> Result<(), QueueError> {
-        self.inner.defer(lease, until).await
-    }
-
-    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
-        self.extends.fetch_add(1, Ordering::SeqCst);
-        self.inner.extend(lease, by).await
-    }
-}
-
 /// Records every alert.
 #[derive(Default, Clone)]
 pub(crate) struct RecordingAlerter {
@@ -114,7 +65,7 @@ impl Alerter for RecordingAlerter {
 pub(crate) struct Harness {
     pub(crate) clock: ManualClock,
     pub(crate) queue: MemoryQueue,
-    pub(crate) transport: Flaky,
+    pub(crate) transport: LosesAcks,
     pub(crate) store: MemoryStore,
     pub(crate) calls: Arc<Mutex<HashMap<u64, u32>>>,
     pub(crate) alerter: RecordingAlerter,
@@ -129,11 +80,7 @@ impl Harness {
         let clock = ManualClock::default();
         let queue = MemoryQueue::new(Arc::new(clock.clone()));
         Harness {
-            transport: Flaky {
-                inner: queue.clone(),
-                fail_acks: Arc::default(),
-                extends: Arc::default(),
-            },
+            transport: LosesAcks::new(Arc::new(queue.clone())),
             clock,
             queue,
             store: MemoryStore::default(),

@@ -1,7 +1,6 @@
 //! The runtime's contract, one behaviour per test.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use jobs_adapter_memory::MemoryStore;
@@ -81,7 +80,7 @@ async fn a_crash_between_commit_and_ack_is_skipped_on_redelivery() {
     let h = Harness::new();
     let worker = h.worker(ok);
     h.publish(7).await;
-    h.transport.fail_acks.store(1, Ordering::SeqCst);
+    h.transport.lose_next(1);
     let first = h.drain(&worker).await;
     assert!(
         matches!(first[..], [Outcome::Unsettled { .. }]),
@@ -377,7 +376,7 @@ async fn a_redelivered_copy_of_a_dead_lettered_job_is_not_run_again() {
     let worker = h.worker(permanent);
     h.publish(1).await;
     // The dead letter is written, then the ack is lost.
-    h.transport.fail_acks.store(1, Ordering::SeqCst);
+    h.transport.lose_next(1);
     assert!(matches!(
         h.drain(&worker).await[..],
         [Outcome::Unsettled { .. }]
@@ -464,10 +463,7 @@ async fn long_handlers_keep_their_lease_and_shutdown_is_graceful() {
         ["slow"],
         "the in-flight job finished within the grace"
     );
-    assert!(
-        h.transport.extends.load(Ordering::SeqCst) >= 3,
-        "the lease was extended"
-    );
+    assert!(h.transport.extensions() >= 3, "the lease was extended");
     assert_eq!(depth(&h).await, 0);
 }
 

@@ -2,17 +2,14 @@
 //! often its job is delivered.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use jobs_adapter_memory::MemoryQueue;
 use jobs_adapter_postgres::{PgStore, PgWorkTx};
 use jobs_consumers::{Handler, Job, JobError, Outcome, Worker, WorkerConfig};
-use jobs_core::{
-    ConsumerName, ConsumerPort, Delivery, Lease, ManualClock, PublishOptions, QueueError,
-    QueueName, QueuePort,
-};
+use jobs_core::{ConsumerName, ManualClock, PublishOptions, QueueName, QueuePort};
+use jobs_testkit::faults::LosesAcks;
 use serde::Deserialize;
 
 use crate::pg::TestDb;
@@ -40,47 +37,6 @@ impl Handler<PgWorkTx> for Book {
     }
 }
 
-/// Fails the first `n` acks, as if the worker died between commit and ack.
-struct LosesAcks {
-    inner: MemoryQueue,
-    fail: AtomicUsize,
-}
-
-#[async_trait]
-impl ConsumerPort for LosesAcks {
-    async fn receive(
-        &self,
-        q: &QueueName,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<Delivery>, QueueError> {
-        self.inner.receive(q, max, lease).await
-    }
-    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
-        if self
-            .fail
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(QueueError::Unavailable {
-                queue: lease.queue().clone(),
-                message: "crashed before the ack".into(),
-                source: None,
-            });
-        }
-        self.inner.ack(lease).await
-    }
-    async fn retry_at(&self, lease: &Lease, at: std::time::SystemTime) -> Result<(), QueueError> {
-        self.inner.retry_at(lease, at).await
-    }
-    async fn defer(&self, lease: &Lease, until: std::time::SystemTime) -> Result<(), QueueError> {
-        self.inner.defer(lease, until).await
-    }
-    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
-        self.inner.extend(lease, by).await
-    }
-}
-
 fn one_at_a_time() -> WorkerConfig {
     let mut config = WorkerConfig::default();
     config.concurrency = 1;
@@ -101,10 +57,9 @@ async fn a_business_row_is_committed_once_under_duplicates_and_a_crash_before_ac
     let clock = ManualClock::default();
     let queue = MemoryQueue::new(Arc::new(clock.clone()));
     let name: QueueName = "billing.invoices".parse().expect("valid");
-    let transport = Arc::new(LosesAcks {
-        inner: queue.clone(),
-        fail: AtomicUsize::new(1),
-    });
+    let transport = LosesAcks::new(Arc::new(queue.clone()));
+    transport.lose_next(1);
+    let transport = Arc::new(transport);
     let worker = Worker::builder(
         ConsumerName::try_from("billing.booker").expect("valid"),
         name.clone(),
