@@ -90,7 +90,13 @@ impl FakeBetterStack {
     /// Binds `127.0.0.1:0`, so parallel tests never collide on a port; fails only if the
     /// loopback interface cannot be bound.
     pub async fn start_with_token(token: impl Into<String>) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))).await?;
+        Self::start_on(0, token).await
+    }
+
+    /// Starts a fake on `127.0.0.1:port` (`0` for any free port) that accepts only
+    /// `Bearer <token>`: for a local development stack, where the port is configured.
+    pub async fn start_on(port: u16, token: impl Into<String>) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
         let address = listener.local_addr()?;
         let shared = Arc::new(Shared {
             token: token.into(),
