@@ -4,6 +4,7 @@
 //! the baseline's and the ratio; nothing here asserts a timing.
 
 mod consume;
+mod ratelimit;
 
 use std::process::ExitCode;
 
@@ -11,9 +12,12 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("consume") => consume::run(),
+        Some("ratelimit") => ratelimit::run(),
         _ => {
             eprintln!(
-                "usage: jobs-bench consume\n\nenvironment: DATABASE_URL, JOBS_BENCH_JOBS (default 10000)"
+                "usage: jobs-bench consume|ratelimit\n\nenvironment: DATABASE_URL, JOBS_BENCH_JOBS \
+                 (default 10000) for consume; REDIS_URL, JOBS_BENCH_ACQUISITIONS (default 20000) \
+                 for ratelimit"
             );
             return ExitCode::from(2);
         }

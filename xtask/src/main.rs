@@ -20,7 +20,7 @@ Commands:
   ci      run every CI check in order: fmt, deps, adr, services, clippy, schema, test, doc
   schema  regenerate the committed JSON schema of jobs-core from the code
   bench <name>
-          run a benchmark (release build) next to its baseline: consume
+          run a benchmark (release build) next to its baseline: consume, ratelimit
   help    print this message
 ";
 
@@ -49,18 +49,32 @@ fn parse_args(args: &[String]) -> Task {
 }
 
 /// The benchmarks, each a subcommand of the `jobs-bench` binary, built in release mode.
-const BENCHES: &[(&str, Cmd)] = &[(
-    "consume",
-    Cmd::new(&[
-        "run",
-        "--release",
-        "--quiet",
-        "-p",
-        "jobs-bench",
-        "--",
+const BENCHES: &[(&str, Cmd)] = &[
+    (
         "consume",
-    ]),
-)];
+        Cmd::new(&[
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "jobs-bench",
+            "--",
+            "consume",
+        ]),
+    ),
+    (
+        "ratelimit",
+        Cmd::new(&[
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "jobs-bench",
+            "--",
+            "ratelimit",
+        ]),
+    ),
+];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

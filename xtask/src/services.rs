@@ -38,7 +38,7 @@ pub(crate) const SERVICES: &[Service] = &[
         env: "REDIS_URL",
         default_url: "redis://127.0.0.1:6379",
         default_port: 6379,
-        required: false,
+        required: true,
         start: "redis-server --daemonize yes, or docker run -d -p 6379:6379 redis",
     },
 ];

@@ -6,12 +6,16 @@
 //! delivery count per message, deduplication by key within a window, and depth per queue.
 //! Time comes from a [`Clock`], so a test moves a [`jobs_core::ManualClock`] instead of
 //! sleeping. [`MemoryStore`] holds `processed_jobs` and dead letters with the same semantics as
-//! the SQL stores. Nothing survives the process: use them for tests, demos and single-process
-//! tools.
+//! the SQL stores. [`MemoryRateLimiter`] keeps token buckets with the semantics of the Redis
+//! limiter. Nothing survives the process: use them for tests, demos and single-process tools.
 
+mod rate;
 mod store;
+mod tenants;
 
+pub use rate::MemoryRateLimiter;
 pub use store::{MemoryStore, MemoryWorkTx};
+pub use tenants::MemoryTenantDirectory;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -37,11 +37,17 @@
 mod convert;
 mod dead_letters;
 mod error;
+mod partitions;
+mod tenants;
 mod tx;
 
+pub use partitions::{
+    MonthlyPartition, PartitionError, PartitionPrecreation, precreate_monthly_partitions,
+};
 /// The sqlx this crate is built with: handlers write through [`PgWorkTx::conn`] with it, so
 /// they need the same version.
 pub use sqlx;
+pub use tenants::PgTenantDirectory;
 pub use tx::PgWorkTx;
 
 use std::time::SystemTime;

@@ -5,4 +5,5 @@
 //! name of the first check that fails. Ordering of deliveries is never assumed.
 
 pub mod queue;
+pub mod rate;
 pub mod store;

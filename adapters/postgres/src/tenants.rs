@@ -1,0 +1,117 @@
+//! The tenant directory over `core.tenants`.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use jobs_core::{DirectoryError, ErrorClass, Tenant, TenantDirectory, TenantId, TenantPage};
+use sqlx::PgPool;
+use sqlx::types::Uuid;
+
+use crate::error::is_transient;
+
+/// A [`TenantDirectory`] over `core.tenants (id uuid primary key, entitlements jsonb)`,
+/// created by [`PgStore::migrate`](crate::PgStore::migrate).
+///
+/// Pages by keyset (`id > cursor order by id limit n`) on the primary key, so every page costs
+/// the same however deep the fan-out is, and a tenant added or removed during a fan-out never
+/// makes another be listed twice or skipped. Entitlement values are read as text: strings as
+/// they are, numbers and booleans as their JSON text, `null` as absent.
+///
+/// ```no_run
+/// use jobs_adapter_postgres::PgTenantDirectory;
+/// use jobs_core::TenantDirectory;
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let directory = PgTenantDirectory::new(pool);
+/// let first = directory.page(None, 1000).await?;
+/// if let Some(cursor) = first.next {
+///     let _second = directory.page(Some(cursor), 1000).await?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PgTenantDirectory {
+    pool: PgPool,
+}
+
+impl PgTenantDirectory {
+    /// A directory reading `core.tenants` through `pool`.
+    pub fn new(pool: PgPool) -> Self {
+        PgTenantDirectory { pool }
+    }
+}
+
+/// One page plus one row, so the page knows whether another follows; each tenant's
+/// entitlements as parallel key and value arrays, in key order.
+const PAGE: &str = "\
+    select t.id, \
+        array(select e.key from jsonb_each_text(t.entitlements) e \
+              where e.value is not null order by e.key) as keys, \
+        array(select e.value from jsonb_each_text(t.entitlements) e \
+              where e.value is not null order by e.key) as vals \
+    from core.tenants t \
+    where $1::uuid is null or t.id > $1 \
+    order by t.id \
+    limit $2";
+
+#[async_trait]
+impl TenantDirectory for PgTenantDirectory {
+    /// A `limit` of 0 is treated as 1, so that every page but the last makes progress.
+    async fn page(
+        &self,
+        after: Option<TenantId>,
+        limit: u32,
+    ) -> Result<TenantPage, DirectoryError> {
+        let limit = limit.max(1);
+        let rows: Vec<(Uuid, Vec<String>, Vec<String>)> = sqlx::query_as(PAGE)
+            .bind(after.map(|a| a.as_uuid()))
+            .bind(i64::from(limit) + 1)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| directory_error("read core.tenants", e))?;
+        let more = rows.len() > limit as usize;
+        let tenants = rows
+            .into_iter()
+            .take(limit as usize)
+            .map(|(id, keys, values)| {
+                Ok(Tenant {
+                    id: tenant_id(id)?,
+                    entitlements: keys.into_iter().zip(values).collect::<BTreeMap<_, _>>(),
+                })
+            })
+            .collect::<Result<Vec<Tenant>, DirectoryError>>()?;
+        let next = if more {
+            tenants.last().map(|t| t.id)
+        } else {
+            None
+        };
+        Ok(TenantPage { tenants, next })
+    }
+}
+
+/// The stored id as a [`TenantId`]; the table's check constraint makes a failure a corrupt
+/// row (the constraint dropped or bypassed), which retrying cannot fix.
+fn tenant_id(id: Uuid) -> Result<TenantId, DirectoryError> {
+    id.hyphenated()
+        .to_string()
+        .parse()
+        .map_err(|e| DirectoryError {
+            message: format!("corrupt row: core.tenants id `{id}`: {e}"),
+            class: ErrorClass::Permanent,
+            source: Some(Box::new(e)),
+        })
+}
+
+/// `what` failed with `e`, classified as the store classifies its errors.
+fn directory_error(what: &str, e: sqlx::Error) -> DirectoryError {
+    DirectoryError {
+        message: format!("{what}: {e}"),
+        class: if is_transient(&e) {
+            ErrorClass::Retryable
+        } else {
+            ErrorClass::Permanent
+        },
+        source: Some(Box::new(e)),
+    }
+}
