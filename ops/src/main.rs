@@ -2,6 +2,7 @@
 //! root: the one place where adapters are chosen and wired to the library crates.
 
 mod compose;
+mod cron;
 mod dead_letters;
 mod demo;
 mod validate;
@@ -51,6 +52,30 @@ enum Command {
     /// Housekeeping.
     #[command(subcommand)]
     Cleanup(CleanupCommand),
+    /// The periodic tasks fanned out per tenant.
+    #[command(subcommand)]
+    Cron(CronCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum CronCommand {
+    /// List the tasks with their schedules, queues and next slots (UTC).
+    ///
+    /// Example: jobsctl cron list
+    List,
+    /// Fire one slot by hand; with --dry-run, print what would be published.
+    ///
+    /// Example: jobsctl cron tick --at 2026-12-01T03:00:00Z --dry-run --database-url postgres://…
+    Tick {
+        #[command(flatten)]
+        db: Db,
+        /// The slot, RFC 3339 (e.g. 2026-12-01T03:00:00Z).
+        #[arg(long, value_parser = cron::parse_time)]
+        at: std::time::SystemTime,
+        /// Plan the fan-out without publishing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// Where the store is.
@@ -169,6 +194,11 @@ fn main() -> ExitCode {
             Ok(())
         })),
         Command::DeadLetters(command) => finish(block_on(dead_letter_command(command))),
+        Command::Cron(CronCommand::List) => finish(cron::list(&mut std::io::stdout().lock())),
+        Command::Cron(CronCommand::Tick { db, at, dry_run }) => finish(block_on(async {
+            let store = Store::connect(&db.database_url).await?;
+            cron::tick(&store, at, dry_run, &mut std::io::stdout().lock()).await
+        })),
         Command::Cleanup(CleanupCommand::Processed { db, older_than }) => finish(block_on(async {
             let store = Store::connect(&db.database_url).await?;
             dead_letters::cleanup(&store, older_than, &mut std::io::stdout().lock()).await

@@ -198,3 +198,61 @@ fn envelope_validate_names_the_field_of_each_invalid_envelope() {
     let usage = jobsctl(&["envelope", "validate", "/no/such/file.json"]);
     assert_eq!(usage.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn cron_tick_dry_run_plans_the_tenants_whose_tier_is_due() {
+    let db = crate::pg::TestDb::create().await;
+    assert!(
+        jobsctl(&["migrate", "--database-url", &db.url])
+            .status
+            .success(),
+        "migrate"
+    );
+    let pool = db.pool().await;
+    for (tenant, tier) in [
+        ("00000000-0000-4000-8000-000000000001", "1h"),
+        ("00000000-0000-4000-8000-000000000002", "6h"),
+        ("00000000-0000-4000-8000-000000000003", "12h"),
+    ] {
+        sqlx::query("insert into core.tenants (id, entitlements) values ($1::uuid, $2::jsonb)")
+            .bind(tenant)
+            .bind(format!(r#"{{"data_freshness":"{tier}"}}"#))
+            .execute(&pool)
+            .await
+            .expect("insert a tenant");
+    }
+    pool.close().await;
+
+    let at = "2026-12-01T06:00:00Z";
+    let dry = jobsctl(&[
+        "cron",
+        "tick",
+        "--at",
+        at,
+        "--dry-run",
+        "--database-url",
+        &db.url,
+    ]);
+    let text = stdout(&dry);
+    assert!(dry.status.success(), "{dry:?}");
+    let freshness = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("core.data_freshness"))
+        .unwrap_or_else(|| panic!("no data-freshness fan-out at 06:00:\n{text}"));
+    assert!(
+        freshness.contains("2 jobs"),
+        "1h and 6h are due at 06:00, 12h is not: {freshness}"
+    );
+    assert!(
+        text.contains("(tier 6h)") && !text.contains("(tier 12h)"),
+        "{text}"
+    );
+
+    let publish = jobsctl(&["cron", "tick", "--at", at, "--database-url", &db.url]);
+    assert_eq!(
+        publish.status.code(),
+        Some(1),
+        "no durable queue yet: {publish:?}"
+    );
+    db.drop_db().await;
+}

@@ -8,6 +8,8 @@ use sqlx::{ConnectOptions, Connection, PgConnection};
 
 /// A database named `jobs_ops_<pid>_<n>_<id>`, dropped (forcibly) on [`TestDb::drop_db`].
 pub(crate) struct TestDb {
+    /// A URL of the database, for the `jobsctl` binary.
+    pub(crate) url: String,
     name: String,
     server: PgConnectOptions,
 }
@@ -33,7 +35,11 @@ impl TestDb {
             .execute(&mut admin)
             .await
             .expect("create the test database");
-        TestDb { name, server }
+        let url = match base.rsplit_once('/') {
+            Some((server_part, _)) => format!("{server_part}/{name}"),
+            None => format!("{base}/{name}"),
+        };
+        TestDb { url, name, server }
     }
 
     pub(crate) async fn pool(&self) -> sqlx::PgPool {

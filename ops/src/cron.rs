@@ -1,0 +1,137 @@
+//! `jobsctl cron`: the periodic tasks, their next slots, and one slot fired by hand.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use anyhow::{Result, bail};
+use chrono::{DateTime, SecondsFormat, Utc};
+use jobs_adapter_memory::{MemoryQueue, MemoryTenantDirectory};
+use jobs_adapter_postgres::PgTenantDirectory;
+use jobs_core::{SystemClock, TenantDirectory};
+use jobs_cron::{CatchUp, Scheduler, TickReport, standard_tasks};
+
+use crate::compose::Store;
+
+fn rfc3339(t: SystemTime) -> String {
+    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// Parses an RFC 3339 time such as `2026-12-01T03:00:00Z`.
+pub(crate) fn parse_time(text: &str) -> Result<SystemTime, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(SystemTime::from)
+        .map_err(|e| format!("`{text}` is not an RFC 3339 time (e.g. 2026-12-01T03:00:00Z): {e}"))
+}
+
+fn scheduler(directory: Arc<dyn TenantDirectory>) -> Result<Scheduler> {
+    // The queue only matters when publishing, which these commands do not do.
+    Ok(Scheduler::new(
+        standard_tasks(),
+        directory,
+        Arc::new(MemoryQueue::default()),
+        Arc::new(SystemClock),
+        CatchUp::default(),
+    )?)
+}
+
+/// Prints every standard task with its schedule, queue and next slot.
+pub(crate) fn list(out: &mut impl Write) -> Result<()> {
+    let scheduler = scheduler(Arc::new(MemoryTenantDirectory::default()))?;
+    writeln!(
+        out,
+        "{:<32} {:<22} {:<28} next (UTC)",
+        "kind", "schedule", "queue"
+    )?;
+    for fire in scheduler.next_fire_times() {
+        writeln!(
+            out,
+            "{:<32} {:<22} {:<28} {}",
+            fire.kind.as_str(),
+            fire.schedule.to_string(),
+            fire.queue.as_str(),
+            fire.next.map_or_else(|| "never".to_owned(), rfc3339)
+        )?;
+    }
+    Ok(())
+}
+
+/// Plans the fan-out of every task due at `at` over the tenants of `store`, publishing nothing.
+pub(crate) async fn tick(
+    store: &Store,
+    at: SystemTime,
+    dry_run: bool,
+    out: &mut impl Write,
+) -> Result<()> {
+    if !dry_run {
+        bail!(
+            "publishing a slot by hand needs a durable queue adapter, which this build does not \
+             have yet; run with --dry-run to see what would be published"
+        );
+    }
+    let Store::Postgres(pg) = store else {
+        bail!(
+            "the tenant directory lives in PostgreSQL (core.tenants): pass a postgres:// --database-url"
+        );
+    };
+    let scheduler = scheduler(Arc::new(PgTenantDirectory::new(pg.pool().clone())))?;
+    let report: TickReport = scheduler.tick_at(at, true).await;
+    writeln!(out, "slot {} (dry run: nothing published)", rfc3339(at))?;
+    for fired in &report.fired {
+        writeln!(
+            out,
+            "  {:<32} {:>6} tenants {:>6} jobs on {}",
+            fired.kind.as_str(),
+            fired.tenants,
+            fired.jobs,
+            fired.queue.as_str()
+        )?;
+        for job in &fired.sample {
+            writeln!(
+                out,
+                "      tenant {} job {} at {}{}",
+                job.tenant,
+                job.job_id,
+                rfc3339(job.run_at),
+                job.tier
+                    .map(|t| format!(" (tier {})", t.as_str()))
+                    .unwrap_or_default()
+            )?;
+        }
+    }
+    for error in &report.errors {
+        writeln!(out, "  error: {error}")?;
+    }
+    if report.errors.is_empty() {
+        Ok(())
+    } else {
+        bail!("{} fan-outs failed", report.errors.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_list_names_every_standard_task_with_a_next_slot() {
+        let mut out = Vec::new();
+        super::list(&mut out).expect("lists");
+        let text = String::from_utf8(out).expect("utf-8");
+        for kind in [
+            "core.usage_snapshot",
+            "core.data_freshness",
+            "core.processed_jobs_cleanup",
+        ] {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(kind))
+                .unwrap_or_else(|| panic!("{kind} missing:\n{text}"));
+            assert!(line.contains("20"), "no next slot on: {line}");
+        }
+    }
+
+    #[test]
+    fn times_are_rfc3339() {
+        assert!(super::parse_time("2026-12-01T03:00:00Z").is_ok());
+        assert!(super::parse_time("tomorrow").is_err());
+    }
+}
