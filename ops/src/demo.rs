@@ -258,6 +258,57 @@ async fn run_on(path: &std::path::Path, out: &mut impl Write) -> Result<()> {
         out,
         "every invoice booked exactly once; the poison message waits for review"
     )?;
+    cron_scene(out).await
+}
+
+/// One cron slot over tenants on different data-freshness tiers, fired by two scheduler
+/// instances: the second publishes nothing new.
+async fn cron_scene(out: &mut impl Write) -> Result<()> {
+    use jobs_adapter_memory::MemoryTenantDirectory;
+    use jobs_core::{ManualClock, Tenant};
+    use jobs_cron::{CatchUp, Scheduler, standard_tasks};
+
+    writeln!(
+        out,
+        "\ncron: the 06:00 UTC slot of 2026-12-02 over four tenants, fired by two schedulers"
+    )?;
+    let tiers = ["1h", "3h", "6h", "12h"];
+    let directory = Arc::new(MemoryTenantDirectory::with_tenants(
+        tiers.iter().enumerate().map(|(n, tier)| Tenant {
+            id: format!("00000000-0000-4000-8000-{:012x}", n + 1)
+                .parse()
+                .expect("a valid tenant id"),
+            entitlements: [("data_freshness".to_owned(), (*tier).to_owned())].into(),
+        }),
+    ));
+    let slot = std::time::UNIX_EPOCH + Duration::from_secs(1_796_191_200); // 2026-12-02T06:00:00Z
+    let clock = Arc::new(ManualClock::new(slot));
+    let queue = MemoryQueue::new(clock.clone());
+    for instance in ["a", "b"] {
+        let scheduler = Scheduler::new(
+            standard_tasks(),
+            directory.clone(),
+            Arc::new(queue.clone()),
+            clock.clone(),
+            CatchUp::default(),
+        )?;
+        let report = scheduler.tick_at(slot, false).await;
+        for fired in &report.fired {
+            writeln!(
+                out,
+                "  scheduler {instance}: {:<24} {} tenants, {} jobs: {} queued, {} duplicates",
+                fired.kind.as_str(),
+                fired.tenants,
+                fired.jobs,
+                fired.queued,
+                fired.duplicates
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "  data freshness at 06:00 reaches the 1h, 3h and 6h tiers; 12h waits for 12:00"
+    )?;
     Ok(())
 }
 
@@ -330,6 +381,7 @@ mod tests {
             "(Exhausted)",
             "alert: ",
             "exactly once",
+            "4 tenants, 3 jobs: 0 queued, 3 duplicates",
         ] {
             assert!(
                 report.contains(expected),
