@@ -78,6 +78,9 @@ async fn concurrent_producers_and_consumers_lose_and_double_nothing() {
     let memory = MemoryQueue::default();
     let q: QueueName = "load.test".parse().expect("valid");
     let acked: Arc<Mutex<HashMap<JobId, u32>>> = Arc::default();
+    // Consumers stop once the producers are done and a poll finds the queue empty: stopping on
+    // idleness alone would race slow producers on a loaded machine.
+    let producing = Arc::new(std::sync::atomic::AtomicBool::new(true));
 
     let producers: Vec<_> = (0..PRODUCERS)
         .map(|p| {
@@ -100,20 +103,22 @@ async fn concurrent_producers_and_consumers_lose_and_double_nothing() {
     let consumers: Vec<_> = (0..8)
         .map(|c| {
             let (memory, q, acked) = (memory.clone(), q.clone(), acked.clone());
+            let producing = producing.clone();
             tokio::spawn(async move {
-                let mut idle = 0;
                 let mut turn = 0u64;
-                while idle < 200 {
+                loop {
+                    let done = !producing.load(std::sync::atomic::Ordering::SeqCst);
                     let batch = memory
                         .receive(&q, 7, Duration::from_secs(60))
                         .await
                         .expect("receive");
                     if batch.is_empty() {
-                        idle += 1;
+                        if done {
+                            break;
+                        }
                         tokio::task::yield_now().await;
                         continue;
                     }
-                    idle = 0;
                     for delivery in batch {
                         turn += 1;
                         if (turn + c) % 5 == 0 {
@@ -134,6 +139,7 @@ async fn concurrent_producers_and_consumers_lose_and_double_nothing() {
     for producer in producers {
         published.extend(producer.await.expect("producer"));
     }
+    producing.store(false, std::sync::atomic::Ordering::SeqCst);
     for consumer in consumers {
         consumer.await.expect("consumer");
     }
