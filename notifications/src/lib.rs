@@ -2,9 +2,14 @@
 //! (`notif.{channel}.transactional` and `notif.{channel}.marketing`, see
 //! [`jobs_core::QueueName::notification`]), with transactional traffic always first.
 //!
-//! The senders, rate limiting and providers are being built. What is here is the decision at
-//! the heart of the priority rule: [`PriorityGate`], which pauses a channel's marketing workers
-//! while its transactional queue is deep, with hysteresis so they do not flap.
+//! The senders and providers are being built. What is here is the priority rule:
+//! [`PriorityGate`] decides, with hysteresis so workers do not flap, and [`TransactionalFirst`]
+//! applies it as a layer over a marketing queue's consuming side, so an unchanged worker stops
+//! fetching marketing while the transactional queue of its channel is deep.
+
+mod priority;
+
+pub use priority::TransactionalFirst;
 
 /// Whether marketing workers of a channel may fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
