@@ -38,7 +38,9 @@ use jobs_core::{
     StoreError, TenantId, Transition, WorkStore, WorkTransaction,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
+use proptest::test_runner::{
+    Config, FileFailurePersistence, RngAlgorithm, TestError, TestRng, TestRunner,
+};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -817,6 +819,11 @@ where
 {
     let config = Config {
         cases,
+        // Relative to the calling crate: each keeps its own seeds of past failures, replayed
+        // first on every run. Commit the file when proptest writes one.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/model.txt",
+        ))),
         ..Config::default()
     };
     let mut runner = TestRunner::new(config);
