@@ -20,6 +20,7 @@
 
 mod alert;
 mod clock;
+mod email;
 mod envelope;
 mod error;
 mod id;
@@ -34,6 +35,9 @@ mod tenants;
 pub use alert::MockAlerter;
 pub use alert::{Alert, AlertError, Alerter};
 pub use clock::{Clock, ManualClock, SystemClock};
+#[cfg(feature = "mock")]
+pub use email::MockEmailProvider;
+pub use email::{Email, EmailError, EmailProvider};
 pub use envelope::{
     DEFAULT_MAX_ENVELOPE_BYTES, DataError, DecodeLimits, Envelope, EnvelopeError, Field, Issue,
     Problem,
