@@ -16,6 +16,7 @@ mod cleanup;
 mod dead_letters;
 mod handler;
 mod retry;
+mod throttle;
 mod worker;
 
 pub use alerts::CoalescingAlerter;
@@ -23,4 +24,5 @@ pub use cleanup::{CLEANUP_KIND, CleanupRequest, DEFAULT_PROCESSED_TTL, Processed
 pub use dead_letters::{DeadLetters, ReplayError, Replayed};
 pub use handler::{BoxError, Handler, Job, JobError};
 pub use retry::{Backoff, PolicyError, QueuePolicy, RetryPolicy};
+pub use throttle::Throttled;
 pub use worker::{DeadReason, Outcome, Worker, WorkerBuilder, WorkerConfig, WorkerError};

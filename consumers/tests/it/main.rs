@@ -3,4 +3,5 @@
 mod harness;
 mod model;
 mod retry;
+mod throttle;
 mod worker;

@@ -1,0 +1,87 @@
+//! A throttled handler: denied tokens defer jobs without spending attempts, and every job is
+//! processed once the tokens come back.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jobs_adapter_memory::{MemoryRateLimiter, MemoryWorkTx};
+use jobs_consumers::{Handler, Job, JobError, Outcome, Throttled, Worker};
+use jobs_core::{Bucket, BucketKey, ConsumerName, DeadLetterFilter, DeadLetterStore, Envelope};
+
+use crate::harness::{Harness, KIND, TestData};
+
+struct Send {
+    attempts: Arc<Mutex<Vec<u32>>>,
+}
+
+#[async_trait]
+impl Handler<MemoryWorkTx> for Send {
+    type Data = TestData;
+
+    async fn handle(&self, job: Job<TestData>, tx: &mut MemoryWorkTx) -> Result<(), JobError> {
+        self.attempts
+            .lock()
+            .expect("not poisoned")
+            .push(job.attempt);
+        tx.record_effect(job.envelope.data.n.to_string());
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn denied_tokens_defer_without_spending_attempts() {
+    let h = Harness::new();
+    let limiter = Arc::new(MemoryRateLimiter::new(Arc::new(h.clock.clone())));
+    let provider = Bucket::new(2, 2, Duration::from_secs(10)).expect("valid");
+    let attempts = Arc::new(Mutex::new(vec![]));
+    let handler = Throttled::new(
+        Send {
+            attempts: attempts.clone(),
+        },
+        limiter,
+        move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), provider)],
+    );
+    let worker = Worker::builder(
+        ConsumerName::try_from("test.sender").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.queue.clone()),
+        Arc::new(h.store.clone()),
+        Arc::new(h.store.clone()),
+    )
+    .handler(KIND.parse().expect("valid"), handler)
+    .clock(Arc::new(h.clock.clone()))
+    .build()
+    .expect("valid");
+    for n in 0..7 {
+        h.publish(n).await;
+    }
+
+    let first = worker.run_once().await.expect("receive");
+    let processed = first.iter().filter(|o| **o == Outcome::Processed).count();
+    let deferred = first
+        .iter()
+        .filter(|o| matches!(o, Outcome::Deferred { .. }))
+        .count();
+    assert_eq!((processed, deferred), (2, 5), "{first:?}");
+
+    for _ in 0..10 {
+        h.clock.advance(Duration::from_secs(10));
+        h.drain(&worker).await;
+    }
+    assert_eq!(h.store.effects().len(), 7, "every job processed once");
+    assert!(
+        attempts
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .all(|a| *a == 1),
+        "a deferral spent an attempt"
+    );
+    let letters = h
+        .store
+        .list(&DeadLetterFilter::default())
+        .await
+        .expect("list");
+    assert!(letters.is_empty(), "a rate limit dead-lettered a job");
+}
