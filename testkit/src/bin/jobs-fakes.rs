@@ -10,14 +10,16 @@
 use std::process::ExitCode;
 
 use jobs_testkit::fakes::betterstack::FakeBetterStack;
+use jobs_testkit::fakes::resend::FakeResend;
 
 const USAGE: &str = "\
 usage: jobs-fakes <vendor> [--port N]
 
 vendors:
   betterstack   BetterStack Uptime incidents API (POST /api/v3/incidents)
+  resend        Resend batch emails API (POST /emails/batch)
 
-The Vercel Queues, QStash and Resend fakes join this list with their adapters.";
+The Vercel Queues and QStash fakes join this list with their adapters.";
 
 fn parse(args: &[String]) -> Result<(String, u16), String> {
     let mut vendor = None;
@@ -54,6 +56,7 @@ async fn main() -> ExitCode {
     };
     let fake = match vendor.as_str() {
         "betterstack" => FakeBetterStack::start_on(port, "local-betterstack-token").await,
+        "resend" => return serve_resend(port).await,
         other => {
             eprintln!("error: no fake for `{other}` yet\n\n{USAGE}");
             return ExitCode::from(2);
@@ -75,6 +78,29 @@ async fn main() -> ExitCode {
     }
     for incident in fake.incidents() {
         println!("incident received: {incident}");
+    }
+    fake.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+/// Serves the Resend fake until interrupted, then prints the emails it accepted.
+async fn serve_resend(port: u16) -> ExitCode {
+    let fake = match FakeResend::start_on(port, "re_local_resend_key").await {
+        Ok(fake) => fake,
+        Err(e) => {
+            eprintln!("error: cannot listen on 127.0.0.1:{port}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("Resend fake listening");
+    println!("  base URL: {}", fake.base_url());
+    println!("  API key:  {}", fake.api_key());
+    println!("Ctrl-C to stop.");
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        eprintln!("error: waiting for Ctrl-C: {e}");
+    }
+    for email in fake.sent() {
+        println!("email accepted: {email}");
     }
     fake.shutdown().await;
     ExitCode::SUCCESS

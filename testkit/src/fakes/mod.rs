@@ -12,5 +12,6 @@
 //! - [`betterstack`]: BetterStack Uptime's create-incident endpoint.
 
 pub mod betterstack;
+pub mod resend;
 
 pub use betterstack::FakeBetterStack;
