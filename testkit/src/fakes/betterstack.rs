@@ -10,7 +10,6 @@
 //!
 //! The exact texts of the error bodies are the fake's own; adapters should not match on them.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -21,9 +20,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+
+use super::{Server, fresh_secret};
 
 /// A BetterStack Uptime incidents API on `127.0.0.1`, for tests.
 ///
@@ -43,10 +41,8 @@ use tokio::task::JoinHandle;
 /// ```
 #[derive(Debug)]
 pub struct FakeBetterStack {
-    base_url: String,
+    server: Server,
     shared: Arc<Shared>,
-    stop: Option<oneshot::Sender<()>>,
-    server: Option<JoinHandle<()>>,
 }
 
 #[derive(Debug)]
@@ -78,11 +74,7 @@ impl Shared {
 impl FakeBetterStack {
     /// Starts a fake that accepts a fresh token, read back with [`FakeBetterStack::token`].
     pub async fn start() -> std::io::Result<Self> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|since| since.as_nanos())
-            .unwrap_or_default();
-        Self::start_with_token(format!("fake-betterstack-token-{nanos:x}")).await
+        Self::start_with_token(fresh_secret("fake-betterstack-token-")).await
     }
 
     /// Starts a fake that accepts only `Bearer <token>`.
@@ -96,8 +88,6 @@ impl FakeBetterStack {
     /// Starts a fake on `127.0.0.1:port` (`0` for any free port) that accepts only
     /// `Bearer <token>`: for a local development stack, where the port is configured.
     pub async fn start_on(port: u16, token: impl Into<String>) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
-        let address = listener.local_addr()?;
         let shared = Arc::new(Shared {
             token: token.into(),
             state: Mutex::default(),
@@ -106,26 +96,15 @@ impl FakeBetterStack {
             .route("/api/v3/incidents", post(create_incident))
             .route("/api/v2/incidents", post(create_incident))
             .with_state(Arc::clone(&shared));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            // Serving ends when the fake is dropped; an accept error then has no one to tell.
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
         Ok(FakeBetterStack {
-            base_url: format!("http://{address}"),
+            server: Server::start(port, app).await?,
             shared,
-            stop: Some(stop),
-            server: Some(server),
         })
     }
 
     /// `http://127.0.0.1:<port>`: the base URL to configure the adapter with.
     pub fn base_url(&self) -> &str {
-        &self.base_url
+        self.server.base_url()
     }
 
     /// The only token this fake accepts.
@@ -155,22 +134,8 @@ impl FakeBetterStack {
     }
 
     /// Stops the server and waits until it has closed its connections.
-    pub async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(server) = self.server.take() {
-            let _ = server.await;
-        }
-    }
-}
-
-impl Drop for FakeBetterStack {
-    /// Signals the server to stop; the task ends on its own, or with the test's runtime.
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+    pub async fn shutdown(self) {
+        self.server.shutdown().await;
     }
 }
 

@@ -6,12 +6,84 @@
 //! against it instead of the real service, records what it accepted for assertions, and has
 //! fault hooks (`fail_next`) to make the next requests answer an error status.
 //!
-//! The fakes know nothing of the adapters: they speak HTTP and JSON, so this crate still depends
-//! on `jobs-core` only.
+//! The fakes know nothing of the adapters: they speak HTTP and JSON, and depend on no adapter.
 //!
 //! - [`betterstack`]: BetterStack Uptime's create-incident endpoint.
+//! - [`resend`]: Resend's batch email endpoint.
 
 pub mod betterstack;
 pub mod resend;
 
 pub use betterstack::FakeBetterStack;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The HTTP server under every fake: bound to `127.0.0.1`, stopped when dropped.
+#[derive(Debug)]
+pub(crate) struct Server {
+    base_url: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Serves `app` on `127.0.0.1:port` (`0` for any free port, so parallel tests never
+    /// collide); fails only if the address cannot be bound.
+    pub(crate) async fn start(port: u16, app: Router) -> std::io::Result<Server> {
+        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
+        let address = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            // Serving ends when the fake is dropped; an accept error then has no one to tell.
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(Server {
+            base_url: format!("http://{address}"),
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub(crate) fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// Stops the server and waits until it has closed its connections.
+    pub(crate) async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Server {
+    /// Signals the server to stop; the task ends on its own, or with the test's runtime.
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A credential unique to this moment, for a fake started without one.
+pub(crate) fn fresh_secret(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| since.as_nanos())
+        .unwrap_or_default();
+    format!("{prefix}{nanos:x}")
+}

@@ -21,9 +21,7 @@
 //! made. The exact texts of the error messages are the fake's own.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -31,9 +29,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+
+use super::{Server, fresh_secret};
 
 /// The most emails the fake accepts in one batch, as Resend.
 const MAX_BATCH: usize = 100;
@@ -64,10 +61,8 @@ const RATE_LIMIT: &str = "5";
 /// ```
 #[derive(Debug)]
 pub struct FakeResend {
-    base_url: String,
+    server: Server,
     shared: Arc<Shared>,
-    stop: Option<oneshot::Sender<()>>,
-    server: Option<JoinHandle<()>>,
 }
 
 /// One batch the fake accepted (not counting idempotent replays).
@@ -126,11 +121,7 @@ impl Shared {
 impl FakeResend {
     /// Starts a fake that accepts a fresh API key, read back with [`FakeResend::api_key`].
     pub async fn start() -> std::io::Result<Self> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|since| since.as_nanos())
-            .unwrap_or_default();
-        Self::start_with_key(format!("re_fake_{nanos:x}")).await
+        Self::start_with_key(fresh_secret("re_fake_")).await
     }
 
     /// Starts a fake on an ephemeral port that accepts only `Bearer <api_key>`.
@@ -141,8 +132,6 @@ impl FakeResend {
     /// Starts a fake on `127.0.0.1:port` (`0` for any free port) that accepts only
     /// `Bearer <api_key>`: for a local development stack, where the port is configured.
     pub async fn start_on(port: u16, api_key: impl Into<String>) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
-        let address = listener.local_addr()?;
         let shared = Arc::new(Shared {
             api_key: api_key.into(),
             state: Mutex::default(),
@@ -151,26 +140,15 @@ impl FakeResend {
         let app = Router::new()
             .fallback(handle)
             .with_state(Arc::clone(&shared));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            // Serving ends when the fake is dropped; an accept error then has no one to tell.
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
         Ok(FakeResend {
-            base_url: format!("http://{address}"),
+            server: Server::start(port, app).await?,
             shared,
-            stop: Some(stop),
-            server: Some(server),
         })
     }
 
     /// `http://127.0.0.1:<port>`: the base URL to configure the provider with.
     pub fn base_url(&self) -> &str {
-        &self.base_url
+        self.server.base_url()
     }
 
     /// The only API key this fake accepts.
@@ -225,22 +203,8 @@ impl FakeResend {
     }
 
     /// Stops the server and waits until it has closed its connections.
-    pub async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(server) = self.server.take() {
-            let _ = server.await;
-        }
-    }
-}
-
-impl Drop for FakeResend {
-    /// Signals the server to stop; the task ends on its own, or with the test's runtime.
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+    pub async fn shutdown(self) {
+        self.server.shutdown().await;
     }
 }
 
