@@ -6,6 +6,7 @@
 //! - [`TimeTravel`]: how a suite moves time, a manual clock for in-process transports.
 //! - [`fixtures`]: envelopes and ids for tests.
 //! - [`fakes`]: local servers that speak a vendor's HTTP API, with fault hooks.
+//! - [`emulators`]: vendors' own local emulators (Vercel Queues), started per test.
 //!
 //! - [`faults`]: ports that fail on cue, e.g. a worker dying between commit and ack.
 //! - [`model`]: model-based property tests of the worker runtime, for any store.
@@ -14,6 +15,7 @@
 //! adapter can dev-depend on it without two copies of its own types in one test build.
 
 pub mod contract;
+pub mod emulators;
 pub mod fakes;
 pub mod faults;
 pub mod fixtures;

@@ -3,6 +3,7 @@
 
 mod adr;
 mod deps;
+mod emulators;
 mod services;
 mod workspace;
 
@@ -17,8 +18,10 @@ const USAGE: &str = "\
 Usage: cargo xtask <command>
 
 Commands:
-  ci      run every CI check in order: fmt, deps, adr, services, clippy, schema, test, doc
+  ci      run every CI check in order: fmt, deps, adr, services, emulators, clippy, schema, test, doc
   schema  regenerate the committed JSON schema of jobs-core from the code
+  emulators
+          install the vendors' emulators the tests run (Vercel Queues) into .venv
   bench <name>
           run a benchmark (release build) next to its baseline: consume, ratelimit
   help    print this message
@@ -29,6 +32,7 @@ Commands:
 enum Task {
     Ci,
     Schema,
+    Emulators,
     Bench(String),
     Help,
     Unknown(String),
@@ -40,6 +44,7 @@ fn parse_args(args: &[String]) -> Task {
         [arg] => match arg.as_str() {
             "ci" => Task::Ci,
             "schema" => Task::Schema,
+            "emulators" => Task::Emulators,
             "help" | "--help" | "-h" => Task::Help,
             _ => Task::Unknown(arg.clone()),
         },
@@ -92,6 +97,17 @@ fn main() -> ExitCode {
             Err(_) => ExitCode::FAILURE,
         },
         Task::Ci => ci(),
+        Task::Emulators => match emulators::ensure(&workspace_root()) {
+            Ok(problems) if problems.is_empty() => ExitCode::SUCCESS,
+            Ok(problems) => {
+                problems.iter().for_each(|p| eprintln!("{p}"));
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("{e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Task::Bench(name) => match BENCHES.iter().find(|(bench, _)| *bench == name) {
             Some((_, cmd)) => match run(cmd, &workspace_root()) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -194,6 +210,7 @@ fn plan(nextest: bool) -> Vec<Step> {
                 std::env::var(key).ok()
             }))
         }),
+        check("emulators", emulators::ensure),
         run(
             "clippy",
             &[Cmd::new(&[
@@ -405,7 +422,15 @@ mod tests {
         assert_eq!(
             names,
             [
-                "fmt", "deps", "adr", "services", "clippy", "schema", "test", "doc"
+                "fmt",
+                "deps",
+                "adr",
+                "services",
+                "emulators",
+                "clippy",
+                "schema",
+                "test",
+                "doc"
             ]
         );
     }
