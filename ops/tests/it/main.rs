@@ -5,3 +5,4 @@ mod cli;
 mod model;
 mod pg;
 mod postgres;
+mod vercel;

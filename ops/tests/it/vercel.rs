@@ -1,0 +1,231 @@
+//! The worker runtime over Vercel Queues (Vercel's own emulator) and the PostgreSQL store:
+//! effects committed once under redelivery, retries through lease changes, and dead letters
+//! that are ours, acked on Vercel.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jobs_adapter_postgres::{PgStore, PgWorkTx};
+use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueuesConfig};
+use jobs_consumers::{Handler, Job, JobError, Outcome, Worker, WorkerConfig};
+use jobs_core::{
+    ConsumerName, ConsumerPort, DeadLetterFilter, DeadLetterStore, PublishOptions, QueueName,
+    QueuePort,
+};
+use jobs_testkit::emulators::VercelQueuesEmulator;
+use jobs_testkit::faults::LosesAcks;
+use jobs_testkit::{TimeTravel, fixtures};
+use serde::Deserialize;
+
+use crate::pg::TestDb;
+
+#[derive(Deserialize)]
+struct Invoice {
+    invoice: i64,
+}
+
+/// Books the invoice in the work transaction; fails the first `failures` attempts after the
+/// insert, so a failed attempt must leave no row.
+struct Book {
+    failures: u32,
+    runs: Arc<AtomicU32>,
+}
+
+#[async_trait]
+impl Handler<PgWorkTx> for Book {
+    type Data = Invoice;
+
+    async fn handle(&self, job: Job<Invoice>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        sqlx::query("insert into booked (invoice, job_id) values ($1, $2)")
+            .bind(job.envelope.data.invoice)
+            .bind(job.envelope.job_id.as_uuid())
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
+        if self.runs.fetch_add(1, Ordering::SeqCst) < self.failures {
+            return Err(JobError::retry("the ledger is down after the insert"));
+        }
+        Ok(())
+    }
+}
+
+struct Setup {
+    emulator: VercelQueuesEmulator,
+    vercel: VercelQueues,
+    store: PgStore,
+    pool: sqlx::PgPool,
+    db: TestDb,
+    queue: QueueName,
+}
+
+async fn setup() -> Setup {
+    let emulator = VercelQueuesEmulator::start().await;
+    let clock = Arc::new(emulator.clock().expect("a manual clock"));
+    let config = VercelQueuesConfig::new(Region::new("iad1").unwrap(), StaticToken::new("t"))
+        .base_url_override(emulator.base_url())
+        .unwrap();
+    let vercel = VercelQueues::with_clock(config, clock).unwrap();
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    let store = PgStore::from_pool(pool.clone());
+    store.migrate().await.expect("migrate");
+    sqlx::query("create table booked (invoice bigint not null, job_id uuid not null)")
+        .execute(&pool)
+        .await
+        .expect("create the business table");
+    Setup {
+        emulator,
+        vercel,
+        store,
+        pool,
+        db,
+        queue: "billing.invoices".parse().unwrap(),
+    }
+}
+
+fn worker(s: &Setup, transport: Arc<dyn ConsumerPort>, book: Book) -> Worker<PgStore> {
+    let mut config = WorkerConfig::default();
+    config.concurrency = 1;
+    Worker::builder(
+        ConsumerName::try_from("billing.booker").unwrap(),
+        s.queue.clone(),
+        transport,
+        Arc::new(s.store.clone()),
+        Arc::new(s.store.clone()),
+    )
+    .handler("billing.invoice_issued".parse().unwrap(), book)
+    .clock(Arc::new(s.emulator.clock().unwrap()))
+    .config(config)
+    .build()
+    .expect("a valid worker")
+}
+
+fn invoice(n: i64) -> jobs_core::Envelope {
+    fixtures::envelope_with(
+        1,
+        "billing.invoice_issued",
+        serde_json::json!({ "invoice": n }),
+    )
+}
+
+async fn booked(pool: &sqlx::PgPool) -> Vec<(i64,)> {
+    sqlx::query_as("select invoice from booked order by invoice")
+        .fetch_all(pool)
+        .await
+        .expect("query")
+}
+
+#[tokio::test]
+async fn a_commit_whose_ack_was_lost_is_redelivered_by_vercel_and_skipped_as_a_duplicate() {
+    let s = setup().await;
+    let crashing = LosesAcks::new(Arc::new(s.vercel.clone()));
+    crashing.lose_next(1);
+    let runs = Arc::new(AtomicU32::new(0));
+    let book = Book {
+        failures: 0,
+        runs: runs.clone(),
+    };
+    let w = worker(&s, Arc::new(crashing), book);
+    s.vercel
+        .publish(&s.queue, &invoice(42), PublishOptions::default())
+        .await
+        .unwrap();
+
+    let first = w.run_once().await.expect("receive");
+    assert!(
+        matches!(first[..], [Outcome::Unsettled { .. }]),
+        "committed, then the worker died before the ack: {first:?}"
+    );
+    // Vercel redelivers once the lease runs out.
+    s.emulator.advance(WorkerConfig::default().lease * 2).await;
+    let second = w.run_once().await.expect("receive");
+    assert_eq!(second, [Outcome::Duplicate], "the redelivery is skipped");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(booked(&s.pool).await, [(42,)], "exactly one business row");
+    s.emulator.advance(Duration::from_secs(3600)).await;
+    assert!(w.run_once().await.unwrap().is_empty(), "acked on Vercel");
+    s.pool.close().await;
+    s.db.drop_db().await;
+}
+
+#[tokio::test]
+async fn failures_retry_through_vercel_then_dead_letter_here_and_ack_there() {
+    let s = setup().await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let recovers = worker(
+        &s,
+        Arc::new(s.vercel.clone()),
+        Book {
+            failures: 2,
+            runs: runs.clone(),
+        },
+    );
+    s.vercel
+        .publish(&s.queue, &invoice(7), PublishOptions::default())
+        .await
+        .unwrap();
+    let mut outcomes = vec![];
+    for _ in 0..6 {
+        outcomes.extend(recovers.run_once().await.expect("receive"));
+        s.emulator.advance(Duration::from_secs(3600)).await;
+    }
+    assert!(
+        matches!(
+            outcomes[..],
+            [
+                Outcome::Retrying { .. },
+                Outcome::Retrying { .. },
+                Outcome::Processed
+            ]
+        ),
+        "two failures then success: {outcomes:?}"
+    );
+    assert_eq!(booked(&s.pool).await, [(7,)], "failed attempts left no row");
+
+    // A job that never succeeds spends the policy's five attempts, then is dead-lettered here.
+    let hopeless = worker(
+        &s,
+        Arc::new(s.vercel.clone()),
+        Book {
+            failures: u32::MAX,
+            runs: Arc::new(AtomicU32::new(0)),
+        },
+    );
+    s.vercel
+        .publish(&s.queue, &invoice(8), PublishOptions::default())
+        .await
+        .unwrap();
+    let mut outcomes = vec![];
+    for _ in 0..8 {
+        outcomes.extend(hopeless.run_once().await.expect("receive"));
+        s.emulator.advance(Duration::from_secs(3600)).await;
+    }
+    let retries = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Retrying { .. }))
+        .count();
+    assert_eq!(retries, 4, "{outcomes:?}");
+    assert!(
+        matches!(outcomes.last(), Some(Outcome::DeadLettered { .. })),
+        "{outcomes:?}"
+    );
+    let letters = s
+        .store
+        .list(&DeadLetterFilter::default())
+        .await
+        .expect("list dead letters");
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].letter.attempts, 5);
+    assert!(
+        s.vercel
+            .receive(&s.queue, 10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the dead-lettered message was acked on Vercel"
+    );
+    s.pool.close().await;
+    s.db.drop_db().await;
+}
