@@ -35,10 +35,11 @@
 //!   `/visibility` is accepted on `PATCH`, as the emulator does.
 //!
 //! Receipt handles look like the emulator's, `rh_<n>:<message id>:<group> /lease`: a client
-//! that does not percent-encode them fails. Deployment ids are not partitioned (every message
-//! is in one partition), the `application/x-ndjson` receive format is not served, and there is
-//! no background push dispatcher: a test pushes with [`FakeVercelQueues::push_next`]. Times are
-//! real (`SystemTime`); the texts of the error messages are the fake's own.
+//! that does not percent-encode them fails. A `Vqs-Deployment-Id` must match the name pattern
+//! (else `400`) but partitions nothing: every message is in one partition. The
+//! `application/x-ndjson` receive format is not served, and there is no background push
+//! dispatcher: a test pushes with [`FakeVercelQueues::push_next`]. Times are real
+//! (`SystemTime`); the texts of the error messages are the fake's own.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -651,6 +652,14 @@ fn answer(
         return error(
             StatusCode::BAD_REQUEST,
             &format!("Invalid queue consumer_group: {group:?}; must match ^[A-Za-z0-9_-]+$"),
+        );
+    }
+    if let Some(deployment) = text_header(headers, "vqs-deployment-id")
+        && !valid_name(&deployment)
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("Invalid deployment id: {deployment:?}; must match ^[A-Za-z0-9_-]+$"),
         );
     }
     let now = SystemTime::now();
@@ -1520,6 +1529,14 @@ mod tests {
         assert!(serde_json::from_slice::<Value>(&body).unwrap()["error"].is_string());
 
         assert_eq!(client.send("bad.topic", &[], b"x").await.status, 400);
+        let deployment = client
+            .send("jobs", &[("Vqs-Deployment-Id", "dpl bad")], b"x")
+            .await;
+        assert_eq!(deployment.status, 400);
+        let deployment = client
+            .send("jobs", &[("Vqs-Deployment-Id", "dpl_ok")], b"x")
+            .await;
+        assert_eq!(deployment.status, 201);
         let late = client
             .send(
                 "jobs",
@@ -1541,7 +1558,8 @@ mod tests {
         assert_eq!(no_accept.status, 400);
         let too_many = client.receive("jobs", "g", 11).await;
         assert_eq!(too_many.status, 400);
-        assert!(fake.sent().is_empty());
+        assert_eq!(fake.sent().len(), 1, "only the valid send is recorded");
+        assert_eq!(client.receive("jobs", "g", 10).await.status, 200);
 
         // A delayed message is not visible yet.
         assert_eq!(
