@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use jobs_testkit::fakes::betterstack::FakeBetterStack;
 use jobs_testkit::fakes::resend::FakeResend;
+use jobs_testkit::fakes::vercel_queues::FakeVercelQueues;
 
 const USAGE: &str = "\
 usage: jobs-fakes <vendor> [--port N]
@@ -18,8 +19,9 @@ usage: jobs-fakes <vendor> [--port N]
 vendors:
   betterstack   BetterStack Uptime incidents API (POST /api/v3/incidents)
   resend        Resend batch emails API (POST /emails/batch)
+  vercel-queues Vercel Queues v3 API (/api/v3/topic/...)
 
-The Vercel Queues and QStash fakes join this list with their adapters.";
+The QStash fake joins this list with its adapter.";
 
 fn parse(args: &[String]) -> Result<(String, u16), String> {
     let mut vendor = None;
@@ -57,6 +59,7 @@ async fn main() -> ExitCode {
     let fake = match vendor.as_str() {
         "betterstack" => FakeBetterStack::start_on(port, "local-betterstack-token").await,
         "resend" => return serve_resend(port).await,
+        "vercel-queues" => return serve_vercel_queues(port).await,
         other => {
             eprintln!("error: no fake for `{other}` yet\n\n{USAGE}");
             return ExitCode::from(2);
@@ -101,6 +104,34 @@ async fn serve_resend(port: u16) -> ExitCode {
     }
     for email in fake.sent() {
         println!("email accepted: {email}");
+    }
+    fake.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+/// Serves the Vercel Queues fake until interrupted, then prints the messages it accepted.
+async fn serve_vercel_queues(port: u16) -> ExitCode {
+    let fake = match FakeVercelQueues::start_with_token(port, "local-vercel-oidc-token").await {
+        Ok(fake) => fake,
+        Err(e) => {
+            eprintln!("error: cannot listen on 127.0.0.1:{port}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("Vercel Queues fake listening");
+    println!("  base URL: {}", fake.base_url());
+    println!("  token:    {}", fake.token());
+    println!("Ctrl-C to stop.");
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        eprintln!("error: waiting for Ctrl-C: {e}");
+    }
+    for message in fake.sent() {
+        println!(
+            "message accepted: topic {} id {} ({} bytes)",
+            message.topic,
+            message.message_id.as_deref().unwrap_or("(deferred)"),
+            message.body.len()
+        );
     }
     fake.shutdown().await;
     ExitCode::SUCCESS

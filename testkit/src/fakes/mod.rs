@@ -10,11 +10,15 @@
 //!
 //! - [`betterstack`]: BetterStack Uptime's create-incident endpoint.
 //! - [`resend`]: Resend's batch email endpoint.
+//! - [`vercel_queues`]: the Vercel Queues v3 API (send, batch, receive, leases, push
+//!   callbacks), with fault hooks for what Vercel's own emulator cannot do.
 
 pub mod betterstack;
 pub mod resend;
+pub mod vercel_queues;
 
 pub use betterstack::FakeBetterStack;
+pub use vercel_queues::FakeVercelQueues;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
