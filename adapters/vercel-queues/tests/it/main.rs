@@ -2,6 +2,7 @@
 //! fault-injecting fake for what the emulator lacks (`fake`).
 
 mod emulator;
+mod fake;
 
 use std::sync::Arc;
 
