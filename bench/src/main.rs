@@ -5,6 +5,7 @@
 
 mod consume;
 mod ratelimit;
+mod vercel;
 
 use std::process::ExitCode;
 
@@ -13,11 +14,13 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("consume") => consume::run(),
         Some("ratelimit") => ratelimit::run(),
+        Some("vercel") => vercel::run(),
         _ => {
             eprintln!(
-                "usage: jobs-bench consume|ratelimit\n\nenvironment: DATABASE_URL, JOBS_BENCH_JOBS \
+                "usage: jobs-bench consume|ratelimit|vercel\n\nenvironment: DATABASE_URL, JOBS_BENCH_JOBS \
                  (default 10000) for consume; REDIS_URL, JOBS_BENCH_ACQUISITIONS (default 20000) \
-                 for ratelimit"
+                 for ratelimit; JOBS_BENCH_MESSAGES (default 2000) for vercel, on Vercel's \
+                 emulator from .venv"
             );
             return ExitCode::from(2);
         }

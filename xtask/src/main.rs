@@ -23,7 +23,7 @@ Commands:
   emulators
           install the vendors' emulators the tests run (Vercel Queues) into .venv
   bench <name>
-          run a benchmark (release build) next to its baseline: consume, ratelimit
+          run a benchmark (release build) next to its baseline: consume, ratelimit, vercel
   help    print this message
 ";
 
@@ -77,6 +77,18 @@ const BENCHES: &[(&str, Cmd)] = &[
             "jobs-bench",
             "--",
             "ratelimit",
+        ]),
+    ),
+    (
+        "vercel",
+        Cmd::new(&[
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "jobs-bench",
+            "--",
+            "vercel",
         ]),
     ),
 ];

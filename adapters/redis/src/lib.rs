@@ -1,5 +1,6 @@
 //! Redis token buckets for softcrum-jobs: [`RedisRateLimiter`], the [`RateLimiter`] every worker
-//! shares, with Upstash Redis in production (ADR 0007).
+//! shares, with Upstash Redis in production (ADR 0007); and [`CountedQueue`], an approximate
+//! queue depth for transports that report none (see its module).
 //!
 //! The standard asks for a token bucket per provider (global: Resend's limit is per team, across
 //! every tenant) and per tenant (fair use), and for a 429 to mean backing off, never dropping.
@@ -52,6 +53,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, Script};
 use thiserror::Error;
 use tokio::sync::OnceCell;
+
+mod depth;
+
+pub use depth::{CountedQueue, DEFAULT_HORIZON, DEPTH_SCRIPT};
 
 /// The `redis` crate this adapter is built on, so callers build a [`redis::Client`] of the same
 /// version.

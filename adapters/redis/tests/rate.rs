@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use jobs_adapter_redis::RedisRateLimiter;
@@ -19,23 +19,9 @@ use jobs_testkit::fixtures;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
-fn url() -> String {
-    std::env::var("REDIS_URL")
-        .ok()
-        .filter(|url| !url.is_empty())
-        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned())
-}
+mod common;
 
-/// A prefix no other test (or earlier run) uses.
-fn unique_prefix(test: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("jobs-test:{test}:{}:{n}:{nanos}", std::process::id())
-}
+use common::{unique_prefix, url};
 
 async fn admin() -> MultiplexedConnection {
     redis::Client::open(url())

@@ -3,7 +3,7 @@
 //! Vercel's own offline emulator (PyPI `vercel-queue`, `vercel/queue/_internal/embedded.py`) is
 //! the oracle for the basics; this fake reproduces its wire behaviour and adds what the emulator
 //! lacks: `/batch`, `202` deferred sends, injected errors with `Retry-After`, slow answers,
-//! leases that expire on demand and push callbacks. Wire facts (docs/adr/0002 and the vendor
+//! leases that expire on demand and push callbacks. Wire facts (docs/adr/0009 and the vendor
 //! notes it cites):
 //!
 //! - every route is under `/api/v3/topic/{topic}`, each path segment percent-decoded; topic and
