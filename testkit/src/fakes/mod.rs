@@ -10,8 +10,11 @@
 //!
 //! - [`betterstack`]: BetterStack Uptime's create-incident endpoint.
 //! - [`resend`]: Resend's batch email endpoint.
+//! - [`qstash`]: Upstash QStash: publishing, signed push deliveries with retries, queues,
+//!   schedules and the DLQ.
 
 pub mod betterstack;
+pub mod qstash;
 pub mod resend;
 
 pub use betterstack::FakeBetterStack;
