@@ -119,7 +119,7 @@ impl QStashQueue {
             })?;
         if !matches!(base.scheme(), "http" | "https") {
             return Err(QStashError::InvalidBaseUrl {
-                url: config.base_url.clone(),
+                url: config.base_url,
                 reason: "not http or https".into(),
             });
         }

@@ -299,7 +299,7 @@ mod tests {
             }));
             let ok = verify_signature(&jwt, Some(URL), &body, at(1_000_100), &keys(), Duration::ZERO);
             prop_assert!(ok.is_ok(), "{ok:?}");
-            let mut tampered = body.clone();
+            let mut tampered = body;
             if tampered.is_empty() {
                 tampered.push(0);
             } else {
