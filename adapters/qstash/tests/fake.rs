@@ -16,11 +16,14 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// A status and the headers to answer it with.
+type Answer = (u16, Vec<(&'static str, String)>);
+
 /// An endpoint answering `(status, headers)` in turn (then 200), recording each request's
 /// headers and body.
 #[derive(Default)]
 struct Bare {
-    answers: Mutex<Vec<(u16, Vec<(&'static str, String)>)>>,
+    answers: Mutex<Vec<Answer>>,
     requests: Mutex<Vec<(HeaderMap, Vec<u8>)>>,
 }
 
@@ -42,7 +45,7 @@ async fn bare(State(b): State<Arc<Bare>>, headers: HeaderMap, body: Bytes) -> Re
     response
 }
 
-async fn endpoint(answers: Vec<(u16, Vec<(&'static str, String)>)>) -> (String, Arc<Bare>) {
+async fn endpoint(answers: Vec<Answer>) -> (String, Arc<Bare>) {
     let b = Arc::new(Bare {
         answers: Mutex::new(answers),
         requests: Mutex::default(),
