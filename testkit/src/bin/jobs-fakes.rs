@@ -10,6 +10,7 @@
 use std::process::ExitCode;
 
 use jobs_testkit::fakes::betterstack::FakeBetterStack;
+use jobs_testkit::fakes::qstash::{DEV_CURRENT_KEY, DEV_NEXT_KEY, DEV_TOKEN, FakeQStash};
 use jobs_testkit::fakes::resend::FakeResend;
 
 const USAGE: &str = "\
@@ -18,8 +19,10 @@ usage: jobs-fakes <vendor> [--port N]
 vendors:
   betterstack   BetterStack Uptime incidents API (POST /api/v3/incidents)
   resend        Resend batch emails API (POST /emails/batch)
+  qstash        Upstash QStash (publish, signed deliveries, queues, schedules, DLQ),
+                with the published local-development token and signing keys
 
-The Vercel Queues and QStash fakes join this list with their adapters.";
+The Vercel Queues fake joins this list with its adapter.";
 
 fn parse(args: &[String]) -> Result<(String, u16), String> {
     let mut vendor = None;
@@ -57,6 +60,7 @@ async fn main() -> ExitCode {
     let fake = match vendor.as_str() {
         "betterstack" => FakeBetterStack::start_on(port, "local-betterstack-token").await,
         "resend" => return serve_resend(port).await,
+        "qstash" => return serve_qstash(port).await,
         other => {
             eprintln!("error: no fake for `{other}` yet\n\n{USAGE}");
             return ExitCode::from(2);
@@ -101,6 +105,37 @@ async fn serve_resend(port: u16) -> ExitCode {
     }
     for email in fake.sent() {
         println!("email accepted: {email}");
+    }
+    fake.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+/// Serves the QStash fake until interrupted, then prints the deliveries it made.
+async fn serve_qstash(port: u16) -> ExitCode {
+    let fake = match FakeQStash::start_on(port, DEV_TOKEN, DEV_CURRENT_KEY, DEV_NEXT_KEY).await {
+        Ok(fake) => fake,
+        Err(e) => {
+            eprintln!("error: cannot listen on 127.0.0.1:{port}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("QStash fake listening");
+    println!("  QSTASH_URL:                 {}", fake.base_url());
+    println!("  QSTASH_TOKEN:               {}", fake.token());
+    println!(
+        "  QSTASH_CURRENT_SIGNING_KEY: {}",
+        fake.current_signing_key()
+    );
+    println!("  QSTASH_NEXT_SIGNING_KEY:    {}", fake.next_signing_key());
+    println!("Ctrl-C to stop.");
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        eprintln!("error: waiting for Ctrl-C: {e}");
+    }
+    for attempt in fake.attempts() {
+        println!(
+            "delivered {} (retried {}): answered {:?}",
+            attempt.message_id, attempt.retried, attempt.status
+        );
     }
     fake.shutdown().await;
     ExitCode::SUCCESS
