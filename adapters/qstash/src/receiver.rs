@@ -348,7 +348,7 @@ impl Receiver {
 
     /// Verifies the request and turns it into a leased [`Delivery`], or the answer refusing it
     /// (401 for a bad signature, 400 for malformed delivery headers). The body is not parsed.
-    pub fn accept(&self, request: &PushRequest) -> Result<Delivery, Box<PushResponse>> {
+    fn accept(&self, request: &PushRequest) -> Result<Delivery, Box<PushResponse>> {
         let Some(signature) = &request.signature else {
             return Err(Box::new(unauthorised(&SignatureError::Missing)));
         };
