@@ -8,6 +8,7 @@
 //! Exit codes: 0 after an interrupt, 1 when the port cannot be bound, 2 for usage errors.
 
 use std::process::ExitCode;
+use jobs_testkit::fakes::qstash::{DEV_CURRENT_KEY, DEV_NEXT_KEY, DEV_TOKEN, FakeQStash};
 
 use jobs_testkit::fakes::betterstack::FakeBetterStack;
 use jobs_testkit::fakes::resend::FakeResend;
@@ -20,8 +21,8 @@ vendors:
   betterstack   BetterStack Uptime incidents API (POST /api/v3/incidents)
   resend        Resend batch emails API (POST /emails/batch)
   vercel-queues Vercel Queues v3 API (/api/v3/topic/...)
-
-The QStash fake joins this list with its adapter.";
+  qstash        Upstash QStash (publish, signed deliveries, queues, schedules, DLQ),
+                with the published local-development token and signing keys";
 
 fn parse(args: &[String]) -> Result<(String, u16), String> {
     let mut vendor = None;
@@ -60,6 +61,7 @@ async fn main() -> ExitCode {
         "betterstack" => FakeBetterStack::start_on(port, "local-betterstack-token").await,
         "resend" => return serve_resend(port).await,
         "vercel-queues" => return serve_vercel_queues(port).await,
+        "qstash" => return serve_qstash(port).await,
         other => {
             eprintln!("error: no fake for `{other}` yet\n\n{USAGE}");
             return ExitCode::from(2);
@@ -131,6 +133,61 @@ async fn serve_vercel_queues(port: u16) -> ExitCode {
             message.topic,
             message.message_id.as_deref().unwrap_or("(deferred)"),
             message.body.len()
+        );
+    }
+    fake.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn arguments_name_the_vendor_and_an_optional_port() {
+        assert_eq!(
+            parse(&args(&["betterstack"])),
+            Ok(("betterstack".into(), 0))
+        );
+        assert_eq!(
+            parse(&args(&["betterstack", "--port", "8787"])),
+            Ok(("betterstack".into(), 8787))
+        );
+        assert!(parse(&args(&["betterstack", "--port", "http"])).is_err());
+        assert!(parse(&args(&["--port", "1"])).is_err());
+        assert!(parse(&args(&["a", "b"])).is_err());
+    }
+}
+
+/// Serves the QStash fake until interrupted, then prints the deliveries it made.
+async fn serve_qstash(port: u16) -> ExitCode {
+    let fake = match FakeQStash::start_on(port, DEV_TOKEN, DEV_CURRENT_KEY, DEV_NEXT_KEY).await {
+        Ok(fake) => fake,
+        Err(e) => {
+            eprintln!("error: cannot listen on 127.0.0.1:{port}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("QStash fake listening");
+    println!("  QSTASH_URL:                 {}", fake.base_url());
+    println!("  QSTASH_TOKEN:               {}", fake.token());
+    println!(
+        "  QSTASH_CURRENT_SIGNING_KEY: {}",
+        fake.current_signing_key()
+    );
+    println!("  QSTASH_NEXT_SIGNING_KEY:    {}", fake.next_signing_key());
+    println!("Ctrl-C to stop.");
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        eprintln!("error: waiting for Ctrl-C: {e}");
+    }
+    for attempt in fake.attempts() {
+        println!(
+            "delivered {} (retried {}): answered {:?}",
+            attempt.message_id, attempt.retried, attempt.status
         );
     }
     fake.shutdown().await;

@@ -12,8 +12,11 @@
 //! - [`resend`]: Resend's batch email endpoint.
 //! - [`vercel_queues`]: the Vercel Queues v3 API (send, batch, receive, leases, push
 //!   callbacks), with fault hooks for what Vercel's own emulator cannot do.
+//! - [`qstash`]: Upstash QStash: publishing, signed push deliveries with retries, queues,
+//!   schedules and the DLQ.
 
 pub mod betterstack;
+pub mod qstash;
 pub mod resend;
 pub mod vercel_queues;
 
