@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use jobs_core::{
-    Clock, DeadLetterId, DeadLetterStatus, DeadLetterStore, Envelope, EnvelopeError,
-    PublishOptions, QueueError, QueuePort, StoreError, SystemClock, TenantId, Transition,
+    Clock, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, Envelope,
+    EnvelopeError, PublishOptions, QueueError, QueuePort, StoreError, SystemClock, TenantId,
+    Transition,
 };
 use thiserror::Error;
 
@@ -126,6 +127,29 @@ impl DeadLetters {
             .await
             .map_err(|source| ReplayError::Publish { id, source })?;
         Ok(outcome)
+    }
+
+    /// The ids of every letter matching `filter` now, in id order, read page by page
+    /// (`filter.limit` a page, starting after `filter.after`).
+    ///
+    /// A bulk action works through such a snapshot rather than re-querying by status: a
+    /// letter it has marked `replayed` but not yet published no longer matches
+    /// `pending_review`, and would be skipped by a re-run that queried again.
+    pub async fn matching(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<Vec<DeadLetterId>, StoreError> {
+        let mut page = filter.clone();
+        page.limit = page.limit.max(1);
+        let mut ids = Vec::new();
+        loop {
+            let letters = self.store.list(&page).await?;
+            ids.extend(letters.iter().map(|l| l.id));
+            match letters.last() {
+                Some(last) if letters.len() == page.limit as usize => page.after = Some(last.id),
+                _ => return Ok(ids),
+            }
+        }
     }
 
     /// Marks the letter `discarded`. With `tenant`, only that tenant's letter.
