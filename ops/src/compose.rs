@@ -684,7 +684,7 @@ mod tests {
         assert_eq!(got(&BETTERSTACK_REQUESTER_EMAIL).value, "a@b.c");
         assert_eq!(got(&RATE_LIMIT_URL).source, Source::Default);
         assert!(config.get(&BETTERSTACK_TOKEN).is_none());
-        let missing = alerter(&config).expect_err("no token");
+        let missing = alerter(&config).err().expect("no token");
         assert!(
             missing.to_string().contains("BETTERSTACK_TOKEN"),
             "{missing}"
