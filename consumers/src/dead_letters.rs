@@ -163,3 +163,64 @@ impl DeadLetters {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    use jobs_adapter_memory::{MemoryQueue, MemoryStore};
+    use jobs_core::{DeadLetterFilter, DeadLetterStore, NewDeadLetter, QueueName};
+
+    use super::DeadLetters;
+
+    #[tokio::test]
+    async fn matching_pages_through_every_letter_the_filter_selects() {
+        let store = MemoryStore::default();
+        let queues: [QueueName; 2] = [
+            "billing.invoices".parse().expect("valid"),
+            "notify.email".parse().expect("valid"),
+        ];
+        let mut expected = vec![];
+        for n in 0..7 {
+            let queue = queues[n % 2].clone();
+            let id = store
+                .record(NewDeadLetter {
+                    job_id: None,
+                    queue: queue.clone(),
+                    consumer: None,
+                    tenant_id: None,
+                    kind: None,
+                    correlation_id: None,
+                    payload: vec![],
+                    attempts: 1,
+                    last_error: format!("letter {n}"),
+                    dedup_key: Some(format!("key-{n}")),
+                    at: SystemTime::now(),
+                })
+                .await
+                .expect("record")
+                .id();
+            if queue == queues[0] {
+                expected.push(id);
+            }
+        }
+        let ops = DeadLetters::new(Arc::new(store), Arc::new(MemoryQueue::default()));
+        let filter = DeadLetterFilter {
+            queue: Some(queues[0].clone()),
+            limit: 2,
+            ..DeadLetterFilter::default()
+        };
+        assert_eq!(expected.len(), 4);
+        assert_eq!(
+            ops.matching(&filter).await.expect("lists"),
+            expected,
+            "every page, in id order, only the filter's queue"
+        );
+        let after = DeadLetterFilter {
+            after: Some(expected[1]),
+            ..filter
+        };
+        assert_eq!(ops.matching(&after).await.expect("lists"), expected[2..]);
+    }
+}
