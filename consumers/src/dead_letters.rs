@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use jobs_core::{
-    Clock, DeadLetterId, DeadLetterStatus, DeadLetterStore, Envelope, EnvelopeError,
-    PublishOptions, QueueError, QueuePort, StoreError, SystemClock, TenantId, Transition,
+    Clock, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, Envelope,
+    EnvelopeError, PublishOptions, QueueError, QueuePort, StoreError, SystemClock, TenantId,
+    Transition,
 };
 use thiserror::Error;
 
@@ -128,6 +129,29 @@ impl DeadLetters {
         Ok(outcome)
     }
 
+    /// The ids of every letter matching `filter` now, in id order, read page by page
+    /// (`filter.limit` a page, starting after `filter.after`).
+    ///
+    /// A bulk action works through such a snapshot rather than re-querying by status: a
+    /// letter it has marked `replayed` but not yet published no longer matches
+    /// `pending_review`, and would be skipped by a re-run that queried again.
+    pub async fn matching(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<Vec<DeadLetterId>, StoreError> {
+        let mut page = filter.clone();
+        page.limit = page.limit.max(1);
+        let mut ids = Vec::new();
+        loop {
+            let letters = self.store.list(&page).await?;
+            ids.extend(letters.iter().map(|l| l.id));
+            match letters.last() {
+                Some(last) if letters.len() == page.limit as usize => page.after = Some(last.id),
+                _ => return Ok(ids),
+            }
+        }
+    }
+
     /// Marks the letter `discarded`. With `tenant`, only that tenant's letter.
     pub async fn discard(
         &self,
@@ -137,5 +161,66 @@ impl DeadLetters {
         self.store
             .transition(id, DeadLetterStatus::Discarded, tenant, self.clock.now())
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    use jobs_adapter_memory::{MemoryQueue, MemoryStore};
+    use jobs_core::{DeadLetterFilter, DeadLetterStore, NewDeadLetter, QueueName};
+
+    use super::DeadLetters;
+
+    #[tokio::test]
+    async fn matching_pages_through_every_letter_the_filter_selects() {
+        let store = MemoryStore::default();
+        let queues: [QueueName; 2] = [
+            "billing.invoices".parse().expect("valid"),
+            "notify.email".parse().expect("valid"),
+        ];
+        let mut expected = vec![];
+        for n in 0..7 {
+            let queue = queues[n % 2].clone();
+            let id = store
+                .record(NewDeadLetter {
+                    job_id: None,
+                    queue: queue.clone(),
+                    consumer: None,
+                    tenant_id: None,
+                    kind: None,
+                    correlation_id: None,
+                    payload: vec![],
+                    attempts: 1,
+                    last_error: format!("letter {n}"),
+                    dedup_key: Some(format!("key-{n}")),
+                    at: SystemTime::now(),
+                })
+                .await
+                .expect("record")
+                .id();
+            if queue == queues[0] {
+                expected.push(id);
+            }
+        }
+        let ops = DeadLetters::new(Arc::new(store), Arc::new(MemoryQueue::default()));
+        let filter = DeadLetterFilter {
+            queue: Some(queues[0].clone()),
+            limit: 2,
+            ..DeadLetterFilter::default()
+        };
+        assert_eq!(expected.len(), 4);
+        assert_eq!(
+            ops.matching(&filter).await.expect("lists"),
+            expected,
+            "every page, in id order, only the filter's queue"
+        );
+        let after = DeadLetterFilter {
+            after: Some(expected[1]),
+            ..filter
+        };
+        assert_eq!(ops.matching(&after).await.expect("lists"), expected[2..]);
     }
 }

@@ -1,68 +1,501 @@
-//! The composition root: adapters chosen from configuration by URL scheme.
+//! The composition root: configuration resolved from flags, the environment and `jobs.toml`,
+//! and the adapters chosen from it by URL scheme.
 //!
-//! This is the one module a downstream binary copies or calls: library crates never read
-//! configuration or the environment themselves; they receive ports built here.
+//! This is the one module a downstream binary copies or calls. Library crates never read
+//! configuration or the environment; they receive ports built here.
 //!
-//! | URL | adapter |
-//! | --- | --- |
-//! | `sqlite://PATH` (or `sqlite:PATH`) | [`SqliteStore`], the file created on first use |
-//! | `postgres://…`, `postgresql://…` | [`PgStore`] |
+//! **Precedence:** a command-line flag, else the environment variable, else the key in the
+//! configuration file (`--config PATH` / `JOBS_CONFIG`, else `./jobs.toml` when present), else
+//! the default. [`KEYS`] lists every key.
+//!
+//! | port | URL | adapter |
+//! | --- | --- | --- |
+//! | store | `sqlite://PATH` (or `sqlite:PATH`) | [`SqliteStore`], the file created on first use |
+//! | store | `postgres://…`, `postgresql://…` | [`PgStore`] |
+//! | queue | `memory:` | [`MemoryQueue`], in this process only |
+//! | rate limiter | `memory:` | [`MemoryRateLimiter`], in this process only |
+//! | rate limiter | `redis://…`, `rediss://…` | [`RedisRateLimiter`] under `rate_limit_prefix` |
+//! | alerter | `console` | [`ConsoleAlerter`], one line per alert on standard error |
+//! | alerter | `betterstack` | [`BetterStackAlerter`] from the `betterstack.*` keys |
+//!
+//! Adding a transport is one match arm in [`Queue::connect`] (and its scheme in
+//! [`QUEUE_SCHEMES`]).
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use async_trait::async_trait;
+use jobs_adapter_betterstack::{BetterStackAlerter, BetterStackConfig, BetterStackError};
+use jobs_adapter_memory::{MemoryQueue, MemoryRateLimiter};
 use jobs_adapter_postgres::PgStore;
+use jobs_adapter_redis::RedisRateLimiter;
 use jobs_adapter_sqlite::SqliteStore;
-use jobs_core::{DeadLetterStore, ProcessedJobs};
+use jobs_core::{
+    Alert, AlertError, Alerter, ConsumerPort, DeadLetterStore, ProcessedJobs, QueueDepth,
+    QueuePort, RateLimiter, StoreError, SystemClock,
+};
+use thiserror::Error;
 
-/// The default store: a SQLite file in `./.jobs/`, the embedded default.
-pub(crate) const DEFAULT_DATABASE_URL: &str = "sqlite://.jobs/jobs.db";
+/// One configuration key: its flag, environment variable, `jobs.toml` name and default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    /// Its name in `jobs.toml`; dotted for a table (`betterstack.token` is `token` under
+    /// `[betterstack]`).
+    pub name: &'static str,
+    /// The command-line flag, for the keys that have one.
+    pub flag: Option<&'static str>,
+    /// The environment variable.
+    pub env: &'static str,
+    /// The value when nothing sets it.
+    pub default: Option<&'static str>,
+    /// Whether printing the configuration hides the value (tokens, URLs with passwords).
+    pub secret: bool,
+    /// What it configures.
+    pub about: &'static str,
+}
+
+impl Key {
+    /// Every way to set the key, for error messages: `--queue-url (JOBS_QUEUE_URL, queue_url)`.
+    pub fn describe(&self) -> String {
+        match self.flag {
+            Some(flag) => format!("{flag} ({}, {} in jobs.toml)", self.env, self.name),
+            None => format!("{} ({} in jobs.toml)", self.env, self.name),
+        }
+    }
+}
+
+/// The store's URL.
+pub const DATABASE_URL: Key = Key {
+    name: "database_url",
+    flag: Some("--database-url"),
+    env: "DATABASE_URL",
+    default: Some("sqlite://.jobs/jobs.db"),
+    secret: true,
+    about: "the store: sqlite://PATH or postgres://USER@HOST:PORT/DB",
+};
+
+/// The queue transport's URL.
+pub const QUEUE_URL: Key = Key {
+    name: "queue_url",
+    flag: Some("--queue-url"),
+    env: "JOBS_QUEUE_URL",
+    default: Some("memory:"),
+    secret: true,
+    about: "the queue transport: memory: (in this process only)",
+};
+
+/// The rate limiter's URL.
+pub const RATE_LIMIT_URL: Key = Key {
+    name: "rate_limit_url",
+    flag: Some("--rate-limit-url"),
+    env: "JOBS_RATE_LIMIT_URL",
+    default: Some("memory:"),
+    secret: true,
+    about: "the rate limiter: memory: or redis://HOST:PORT",
+};
+
+/// The prefix of the rate limiter's Redis keys.
+pub const RATE_LIMIT_PREFIX: Key = Key {
+    name: "rate_limit_prefix",
+    flag: None,
+    env: "JOBS_RATE_LIMIT_PREFIX",
+    default: Some("jobs:rate"),
+    secret: false,
+    about: "the prefix of the rate limiter's Redis keys",
+};
+
+/// Which alerter raises alerts.
+pub const ALERTER: Key = Key {
+    name: "alerter",
+    flag: Some("--alerter"),
+    env: "JOBS_ALERTER",
+    default: Some("console"),
+    secret: false,
+    about: "where alerts go: console or betterstack",
+};
+
+/// The BetterStack Uptime API token.
+pub const BETTERSTACK_TOKEN: Key = Key {
+    name: "betterstack.token",
+    flag: None,
+    env: "BETTERSTACK_TOKEN",
+    default: None,
+    secret: true,
+    about: "BetterStack Uptime API token (alerter = betterstack)",
+};
+
+/// The BetterStack user incidents are raised on behalf of.
+pub const BETTERSTACK_REQUESTER_EMAIL: Key = Key {
+    name: "betterstack.requester_email",
+    flag: None,
+    env: "BETTERSTACK_REQUESTER_EMAIL",
+    default: None,
+    secret: false,
+    about: "the BetterStack user incidents are raised for (alerter = betterstack)",
+};
+
+/// BetterStack's base URL.
+pub const BETTERSTACK_BASE_URL: Key = Key {
+    name: "betterstack.base_url",
+    flag: None,
+    env: "BETTERSTACK_BASE_URL",
+    default: Some(jobs_adapter_betterstack::DEFAULT_BASE_URL),
+    secret: false,
+    about: "BetterStack's API base URL (a local fake in tests)",
+};
+
+/// The queues `jobsctl queues` reports on.
+pub const QUEUES: Key = Key {
+    name: "queues",
+    flag: None,
+    env: "JOBS_QUEUES",
+    default: None,
+    secret: false,
+    about: "queues to report on, comma-separated (an array in jobs.toml)",
+};
+
+/// Where bulk dead-letter runs keep their journals.
+pub const JOURNAL_DIR: Key = Key {
+    name: "journal_dir",
+    flag: Some("--journal-dir"),
+    env: "JOBS_JOURNAL_DIR",
+    default: Some(".jobs/runs"),
+    secret: false,
+    about: "where bulk dead-letter runs keep their resumable journals",
+};
+
+/// Every configuration key, in the order `jobsctl config` prints them.
+pub const KEYS: &[Key] = &[
+    DATABASE_URL,
+    QUEUE_URL,
+    RATE_LIMIT_URL,
+    RATE_LIMIT_PREFIX,
+    ALERTER,
+    BETTERSTACK_TOKEN,
+    BETTERSTACK_REQUESTER_EMAIL,
+    BETTERSTACK_BASE_URL,
+    QUEUES,
+    JOURNAL_DIR,
+];
+
+/// The queue URL schemes this build composes.
+pub const QUEUE_SCHEMES: &[&str] = &["memory:"];
+/// The store URL schemes this build composes.
+pub const STORE_SCHEMES: &[&str] = &["sqlite://PATH", "postgres://…", "postgresql://…"];
+/// The rate limiter URL schemes this build composes.
+pub const RATE_LIMIT_SCHEMES: &[&str] = &["memory:", "redis://…", "rediss://…"];
+/// The alerters this build composes.
+pub const ALERTERS: &[&str] = &["console", "betterstack"];
+
+/// The environment variable naming the configuration file.
+pub const CONFIG_ENV: &str = "JOBS_CONFIG";
+/// The configuration file read when present and none is named.
+pub const DEFAULT_CONFIG_FILE: &str = "jobs.toml";
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A command-line flag.
+    Flag,
+    /// An environment variable.
+    Env,
+    /// The configuration file.
+    File(PathBuf),
+    /// The key's default.
+    Default,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Flag => f.write_str("flag"),
+            Source::Env => f.write_str("env"),
+            Source::File(path) => write!(f, "file {}", path.display()),
+            Source::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// A resolved value and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    /// The value.
+    pub value: String,
+    /// Its source.
+    pub source: Source,
+}
+
+/// Which configuration file to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigFile {
+    /// This file, which must exist.
+    Required(PathBuf),
+    /// This file when it exists (the default `./jobs.toml`).
+    IfPresent(PathBuf),
+    /// No file.
+    None,
+}
+
+impl ConfigFile {
+    /// The file named by `flag`, else by `JOBS_CONFIG` in `env`, else `./jobs.toml` if present.
+    pub fn choose(flag: Option<PathBuf>, env: &dyn Fn(&str) -> Option<String>) -> ConfigFile {
+        match flag.or_else(|| env(CONFIG_ENV).map(PathBuf::from)) {
+            Some(path) => ConfigFile::Required(path),
+            None => ConfigFile::IfPresent(PathBuf::from(DEFAULT_CONFIG_FILE)),
+        }
+    }
+}
+
+/// The configuration, every key resolved by precedence.
+#[derive(Debug, Clone)]
+pub struct Config {
+    settings: BTreeMap<&'static str, Setting>,
+    file: Option<PathBuf>,
+}
+
+impl Config {
+    /// Resolves every key of [`KEYS`]: `flags` (flag name → value given) first, then `env`,
+    /// then `file`, then the default. An empty environment variable counts as unset. A file with
+    /// a key this build does not know is an error, so a typo does not silently fall back.
+    pub fn resolve(
+        flags: &BTreeMap<&'static str, String>,
+        env: &dyn Fn(&str) -> Option<String>,
+        file: &ConfigFile,
+    ) -> Result<Config, ComposeError> {
+        let (path, from_file) = match file {
+            ConfigFile::Required(path) => (Some(path.clone()), read_file(path)?),
+            ConfigFile::IfPresent(path) if path.exists() => (Some(path.clone()), read_file(path)?),
+            _ => (None, BTreeMap::new()),
+        };
+        let mut settings = BTreeMap::new();
+        for key in KEYS {
+            let flag = key.flag.and_then(|f| flags.get(f)).cloned();
+            let setting = if let Some(value) = flag {
+                Some((value, Source::Flag))
+            } else if let Some(value) = env(key.env).filter(|v| !v.is_empty()) {
+                Some((value, Source::Env))
+            } else if let (Some(value), Some(path)) = (from_file.get(key.name), &path) {
+                Some((value.clone(), Source::File(path.clone())))
+            } else {
+                key.default.map(|d| (d.to_owned(), Source::Default))
+            };
+            if let Some((value, source)) = setting {
+                settings.insert(key.name, Setting { value, source });
+            }
+        }
+        Ok(Config {
+            settings,
+            file: path,
+        })
+    }
+
+    /// Resolves from flags and this process's environment, reading the file `JOBS_CONFIG` or
+    /// `config_flag` names (else `./jobs.toml` when present). The one place that reads the
+    /// environment.
+    pub fn from_process(
+        flags: &BTreeMap<&'static str, String>,
+        config_flag: Option<PathBuf>,
+    ) -> Result<Config, ComposeError> {
+        let env = |name: &str| std::env::var(name).ok();
+        Config::resolve(flags, &env, &ConfigFile::choose(config_flag, &env))
+    }
+
+    /// The setting of `key`, if anything sets it.
+    pub fn setting(&self, key: &Key) -> Option<&Setting> {
+        self.settings.get(key.name)
+    }
+
+    /// The value of `key`, if anything sets it.
+    pub fn get(&self, key: &Key) -> Option<&str> {
+        self.setting(key).map(|s| s.value.as_str())
+    }
+
+    /// The value of `key`, or [`ComposeError::Missing`] naming how to set it.
+    pub fn require(&self, key: &Key) -> Result<&str, ComposeError> {
+        self.get(key).ok_or(ComposeError::Missing {
+            key: key.describe(),
+        })
+    }
+
+    /// The configuration file that was read, if any.
+    pub fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    fn unsupported(&self, key: &Key, accepted: &'static [&'static str]) -> ComposeError {
+        let value = self.get(key).unwrap_or_default();
+        ComposeError::Unsupported {
+            key: key.describe(),
+            scheme: scheme(value).to_owned(),
+            source_of: self
+                .setting(key)
+                .map_or_else(|| "nothing".to_owned(), |s| s.source.to_string()),
+            accepted: accepted.join(", "),
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<BTreeMap<String, String>, ComposeError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ComposeError::File {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| ComposeError::File {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let mut values = BTreeMap::new();
+    flatten(path, "", &table, &mut values)?;
+    Ok(values)
+}
+
+fn flatten(
+    path: &Path,
+    prefix: &str,
+    table: &toml::Table,
+    into: &mut BTreeMap<String, String>,
+) -> Result<(), ComposeError> {
+    for (name, value) in table {
+        let full = format!("{prefix}{name}");
+        let bad = |what: &str| ComposeError::File {
+            path: path.to_owned(),
+            message: format!("`{full}`: {what}"),
+        };
+        if let toml::Value::Table(inner) = value {
+            flatten(path, &format!("{full}."), inner, into)?;
+            continue;
+        }
+        if !KEYS.iter().any(|k| k.name == full) {
+            let known: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+            return Err(bad(&format!("unknown key (known: {})", known.join(", "))));
+        }
+        let text = match value {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Array(items) => items
+                .iter()
+                .map(|item| item.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad("expected an array of strings"))?
+                .join(","),
+            _ => return Err(bad("expected a string")),
+        };
+        into.insert(full, text);
+    }
+    Ok(())
+}
+
+/// The scheme of a URL: what precedes the first `:` (`memory` for `memory:`).
+pub fn scheme(url: &str) -> &str {
+    url.split_once(':').map_or(url, |(scheme, _)| scheme)
+}
+
+/// A failure to compose: a configuration problem (the operator's to fix; `jobsctl` exits 2)
+/// or a service that could not be reached.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ComposeError {
+    /// The URL's scheme names no adapter of this build.
+    #[error("unsupported {key} scheme `{scheme}:` (set by {source_of}); accepted: {accepted}")]
+    Unsupported {
+        /// How the key is set.
+        key: String,
+        /// The scheme found.
+        scheme: String,
+        /// Where the value came from.
+        source_of: String,
+        /// The schemes this build accepts.
+        accepted: String,
+    },
+    /// A key the chosen adapter needs is not set.
+    #[error("{key} is not set")]
+    Missing {
+        /// How the key is set.
+        key: String,
+    },
+    /// A value is malformed.
+    #[error("{key}: {message}")]
+    Invalid {
+        /// How the key is set.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The configuration file cannot be read or holds something unexpected.
+    #[error("configuration file {}: {message}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The store could not be opened.
+    #[error("opening the store: {0}")]
+    Store(#[source] StoreError),
+    /// The BetterStack alerter refused its configuration.
+    #[error("configuring the BetterStack alerter: {0}")]
+    BetterStack(#[source] BetterStackError),
+}
+
+impl ComposeError {
+    /// Whether the operator's configuration is at fault (rather than a service being down).
+    pub fn is_configuration(&self) -> bool {
+        !matches!(self, ComposeError::Store(_))
+    }
+}
 
 /// A store chosen by URL.
 #[derive(Clone, Debug)]
-pub(crate) enum Store {
+#[non_exhaustive]
+pub enum Store {
+    /// `sqlite://PATH`.
     Sqlite(SqliteStore),
+    /// `postgres://…`.
     Postgres(PgStore),
 }
 
 impl Store {
-    /// Connects to the store `url` names (without migrating it).
-    pub(crate) async fn connect(url: &str) -> Result<Store> {
-        if let Some(path) = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-        {
-            if let Some(dir) = std::path::Path::new(path).parent() {
-                if !dir.as_os_str().is_empty() {
-                    std::fs::create_dir_all(dir)
-                        .with_context(|| format!("creating {}", dir.display()))?;
+    /// Connects to the store [`DATABASE_URL`] names (without migrating it).
+    pub async fn connect(config: &Config) -> Result<Store, ComposeError> {
+        let url = config.require(&DATABASE_URL)?;
+        match scheme(url) {
+            "sqlite" => {
+                let path = url
+                    .strip_prefix("sqlite://")
+                    .or_else(|| url.strip_prefix("sqlite:"))
+                    .unwrap_or_default();
+                if let Some(dir) = Path::new(path).parent() {
+                    if !dir.as_os_str().is_empty() {
+                        std::fs::create_dir_all(dir).map_err(|e| ComposeError::Invalid {
+                            key: DATABASE_URL.describe(),
+                            message: format!("creating {}: {e}", dir.display()),
+                        })?;
+                    }
                 }
+                let store = SqliteStore::open(path).await.map_err(ComposeError::Store)?;
+                Ok(Store::Sqlite(store))
             }
-            let store = SqliteStore::open(path)
-                .await
-                .with_context(|| format!("opening {path}"))?;
-            return Ok(Store::Sqlite(store));
+            "postgres" | "postgresql" => {
+                let store = PgStore::connect(url).await.map_err(ComposeError::Store)?;
+                Ok(Store::Postgres(store))
+            }
+            _ => Err(config.unsupported(&DATABASE_URL, STORE_SCHEMES)),
         }
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let store = PgStore::connect(url)
-                .await
-                .context("connecting to PostgreSQL")?;
-            return Ok(Store::Postgres(store));
-        }
-        bail!("unsupported database URL (expected sqlite://PATH or postgres://…)")
     }
 
     /// Applies the store's migrations; idempotent.
-    pub(crate) async fn migrate(&self) -> Result<()> {
+    pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
             Store::Sqlite(s) => s.migrate().await,
             Store::Postgres(s) => s.migrate().await,
         }
-        .context("applying migrations")
     }
 
     /// The dead-letter port.
-    pub(crate) fn dead_letters(&self) -> Arc<dyn DeadLetterStore> {
+    pub fn dead_letters(&self) -> Arc<dyn DeadLetterStore> {
         match self {
             Store::Sqlite(s) => Arc::new(s.clone()),
             Store::Postgres(s) => Arc::new(s.clone()),
@@ -70,10 +503,262 @@ impl Store {
     }
 
     /// The processed-jobs housekeeping port.
-    pub(crate) fn processed(&self) -> Arc<dyn ProcessedJobs> {
+    pub fn processed(&self) -> Arc<dyn ProcessedJobs> {
         match self {
             Store::Sqlite(s) => Arc::new(s.clone()),
             Store::Postgres(s) => Arc::new(s.clone()),
         }
+    }
+}
+
+/// A queue transport chosen by URL, as the ports it offers.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct Queue {
+    /// The scheme it was chosen by (`memory`).
+    pub scheme: String,
+    /// Publishing.
+    pub publisher: Arc<dyn QueuePort>,
+    /// The pull side a worker drives; `None` for push transports.
+    pub consumer: Option<Arc<dyn ConsumerPort>>,
+    /// Queue depth, when the engine reports it.
+    pub depth: Option<Arc<dyn QueueDepth>>,
+    /// Whether messages outlive this process (`false` for `memory:`: publishing from a
+    /// one-shot command to it loses the message when the command exits).
+    pub durable: bool,
+}
+
+impl fmt::Debug for Queue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue")
+            .field("scheme", &self.scheme)
+            .field("durable", &self.durable)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    /// Builds the transport [`QUEUE_URL`] names. One arm per scheme.
+    pub async fn connect(config: &Config) -> Result<Queue, ComposeError> {
+        let url = config.require(&QUEUE_URL)?;
+        match scheme(url) {
+            "memory" => {
+                let queue = MemoryQueue::new(Arc::new(SystemClock));
+                Ok(Queue {
+                    scheme: "memory".to_owned(),
+                    publisher: Arc::new(queue.clone()),
+                    consumer: Some(Arc::new(queue.clone())),
+                    depth: Some(Arc::new(queue)),
+                    durable: false,
+                })
+            }
+            _ => Err(config.unsupported(&QUEUE_URL, QUEUE_SCHEMES)),
+        }
+    }
+}
+
+/// Builds the rate limiter [`RATE_LIMIT_URL`] names (Redis connects on first use).
+pub fn rate_limiter(config: &Config) -> Result<Arc<dyn RateLimiter>, ComposeError> {
+    let url = config.require(&RATE_LIMIT_URL)?;
+    match scheme(url) {
+        "memory" => Ok(Arc::new(MemoryRateLimiter::new(Arc::new(SystemClock)))),
+        "redis" | "rediss" => {
+            let prefix = config.require(&RATE_LIMIT_PREFIX)?;
+            let limiter =
+                RedisRateLimiter::new(url, prefix).map_err(|e| ComposeError::Invalid {
+                    key: RATE_LIMIT_URL.describe(),
+                    message: e.to_string(),
+                })?;
+            Ok(Arc::new(limiter))
+        }
+        _ => Err(config.unsupported(&RATE_LIMIT_URL, RATE_LIMIT_SCHEMES)),
+    }
+}
+
+/// Builds the alerter [`ALERTER`] names.
+pub fn alerter(config: &Config) -> Result<Arc<dyn Alerter>, ComposeError> {
+    match config.require(&ALERTER)? {
+        "console" => Ok(Arc::new(ConsoleAlerter)),
+        "betterstack" => {
+            let settings = BetterStackConfig::new(
+                config.require(&BETTERSTACK_TOKEN)?,
+                config.require(&BETTERSTACK_REQUESTER_EMAIL)?,
+            )
+            .with_base_url(config.require(&BETTERSTACK_BASE_URL)?);
+            Ok(Arc::new(
+                BetterStackAlerter::new(settings).map_err(ComposeError::BetterStack)?,
+            ))
+        }
+        other => Err(ComposeError::Unsupported {
+            key: ALERTER.describe(),
+            scheme: other.to_owned(),
+            source_of: config
+                .setting(&ALERTER)
+                .map_or_else(String::new, |s| s.source.to_string()),
+            accepted: ALERTERS.join(", "),
+        }),
+    }
+}
+
+/// The default alerter: one line per alert on standard error, for development and for
+/// deployments whose log pipeline pages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConsoleAlerter;
+
+#[async_trait]
+impl Alerter for ConsoleAlerter {
+    async fn alert(&self, alert: &Alert) -> Result<(), AlertError> {
+        eprintln!(
+            "alert: {} ({}, {} time(s)): {}",
+            alert.title,
+            alert.queue.as_str(),
+            alert.count,
+            alert.detail
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn file_with(text: &str) -> tempfile_path::TempFile {
+        tempfile_path::TempFile::new(text)
+    }
+
+    mod tempfile_path {
+        /// A file in the temporary directory, removed on drop.
+        pub(super) struct TempFile(pub(super) std::path::PathBuf);
+        impl TempFile {
+            pub(super) fn new(text: &str) -> TempFile {
+                let path = std::env::temp_dir().join(format!(
+                    "jobs-compose-{}-{}.toml",
+                    std::process::id(),
+                    jobs_core::JobId::generate()
+                ));
+                std::fs::write(&path, text).expect("write the file");
+                TempFile(path)
+            }
+        }
+        impl Drop for TempFile {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn flags_beat_the_environment_which_beats_the_file_which_beats_the_default() {
+        let file = file_with(
+            "database_url = \"sqlite://from-file.db\"\nqueue_url = \"memory:file\"\n\
+             alerter = \"betterstack\"\n[betterstack]\nrequester_email = \"a@b.c\"\n",
+        );
+        let env = env_of(&[
+            ("DATABASE_URL", "sqlite://from-env.db"),
+            ("JOBS_QUEUE_URL", "memory:env"),
+            ("JOBS_ALERTER", ""),
+        ]);
+        let flags = BTreeMap::from([("--database-url", "sqlite://from-flag.db".to_owned())]);
+        let config =
+            Config::resolve(&flags, &env, &ConfigFile::Required(file.0.clone())).expect("resolves");
+        let got = |key: &Key| config.setting(key).cloned().expect("set");
+        assert_eq!(got(&DATABASE_URL).value, "sqlite://from-flag.db");
+        assert_eq!(got(&DATABASE_URL).source, Source::Flag);
+        assert_eq!(got(&QUEUE_URL).value, "memory:env");
+        assert_eq!(got(&QUEUE_URL).source, Source::Env);
+        assert_eq!(
+            got(&ALERTER).value,
+            "betterstack",
+            "an empty variable is unset"
+        );
+        assert_eq!(got(&ALERTER).source, Source::File(file.0.clone()));
+        assert_eq!(got(&BETTERSTACK_REQUESTER_EMAIL).value, "a@b.c");
+        assert_eq!(got(&RATE_LIMIT_URL).source, Source::Default);
+        assert!(config.get(&BETTERSTACK_TOKEN).is_none());
+        let missing = alerter(&config).err().expect("no token");
+        assert!(
+            missing.to_string().contains("BETTERSTACK_TOKEN"),
+            "{missing}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_key_in_the_file_is_an_error_naming_it() {
+        let file = file_with("[betterstack]\ntokn = \"x\"\n");
+        let err = Config::resolve(
+            &BTreeMap::new(),
+            &env_of(&[]),
+            &ConfigFile::Required(file.0.clone()),
+        )
+        .expect_err("a typo");
+        assert!(
+            err.to_string().contains("`betterstack.tokn`: unknown key"),
+            "{err}"
+        );
+        let missing = Config::resolve(
+            &BTreeMap::new(),
+            &env_of(&[]),
+            &ConfigFile::Required("/no/such/jobs.toml".into()),
+        )
+        .expect_err("a named file must exist");
+        assert!(missing.is_configuration());
+        let absent = Config::resolve(
+            &BTreeMap::new(),
+            &env_of(&[]),
+            &ConfigFile::IfPresent("/no/such/jobs.toml".into()),
+        )
+        .expect("the default file is optional");
+        assert_eq!(absent.get(&QUEUE_URL), Some("memory:"));
+    }
+
+    #[tokio::test]
+    async fn unsupported_schemes_name_the_flag_the_source_and_the_accepted_schemes() {
+        let flags = BTreeMap::from([
+            ("--queue-url", "qstash://token@eu".to_owned()),
+            ("--database-url", "mysql://x".to_owned()),
+            ("--rate-limit-url", "memcached://x".to_owned()),
+        ]);
+        let config = Config::resolve(&flags, &env_of(&[]), &ConfigFile::None).expect("resolves");
+        let queue = Queue::connect(&config).await.expect_err("no qstash here");
+        assert_eq!(
+            queue.to_string(),
+            "unsupported --queue-url (JOBS_QUEUE_URL, queue_url in jobs.toml) scheme `qstash:` \
+             (set by flag); accepted: memory:"
+        );
+        assert!(queue.is_configuration());
+        let store = Store::connect(&config).await.expect_err("no mysql");
+        assert!(store.to_string().contains("--database-url"), "{store}");
+        assert!(
+            !store.to_string().contains("mysql://x"),
+            "only the scheme is shown"
+        );
+        let limiter = rate_limiter(&config).err().expect("no memcached");
+        assert!(limiter.to_string().contains("redis://"), "{limiter}");
+    }
+
+    #[tokio::test]
+    async fn the_defaults_compose_in_process_adapters() {
+        let config =
+            Config::resolve(&BTreeMap::new(), &env_of(&[]), &ConfigFile::None).expect("resolves");
+        let queue = Queue::connect(&config).await.expect("memory");
+        assert!(!queue.durable && queue.depth.is_some() && queue.consumer.is_some());
+        rate_limiter(&config).expect("memory limiter");
+        alerter(&config).expect("console");
+        let redis = Config::resolve(
+            &BTreeMap::from([("--rate-limit-url", "redis://127.0.0.1:6379".to_owned())]),
+            &env_of(&[]),
+            &ConfigFile::None,
+        )
+        .expect("resolves");
+        rate_limiter(&redis).expect("Redis connects on first use");
     }
 }

@@ -11,9 +11,12 @@ use jobs_adapter_postgres::PgTenantDirectory;
 use jobs_core::{SystemClock, TenantDirectory};
 use jobs_cron::{CatchUp, Scheduler, TickReport, standard_tasks};
 
-use crate::compose::Store;
+use jobs_core::QueueName;
+use jobs_ops::compose::Store;
+use serde_json::json;
 
-fn rfc3339(t: SystemTime) -> String {
+/// `t` as RFC 3339 in UTC, to the second.
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
@@ -35,15 +38,35 @@ fn scheduler(directory: Arc<dyn TenantDirectory>) -> Result<Scheduler> {
     )?)
 }
 
+/// The queues of the standard tasks, each once.
+pub(crate) fn standard_queues() -> Result<Vec<QueueName>> {
+    let mut queues: Vec<QueueName> = standard_tasks().into_iter().map(|t| t.queue).collect();
+    queues.sort();
+    queues.dedup();
+    Ok(queues)
+}
+
 /// Prints every standard task with its schedule, queue and next slot.
-pub(crate) fn list(out: &mut impl Write) -> Result<()> {
+pub(crate) fn list(as_json: bool, out: &mut impl Write) -> Result<()> {
     let scheduler = scheduler(Arc::new(MemoryTenantDirectory::default()))?;
-    writeln!(
-        out,
-        "{:<32} {:<22} {:<28} next (UTC)",
-        "kind", "schedule", "queue"
-    )?;
+    if !as_json {
+        writeln!(
+            out,
+            "{:<32} {:<22} {:<28} next (UTC)",
+            "kind", "schedule", "queue"
+        )?;
+    }
     for fire in scheduler.next_fire_times() {
+        if as_json {
+            let line = json!({
+                "kind": fire.kind.as_str(),
+                "schedule": fire.schedule.to_string(),
+                "queue": fire.queue.as_str(),
+                "next": fire.next.map(rfc3339),
+            });
+            writeln!(out, "{line}")?;
+            continue;
+        }
         writeln!(
             out,
             "{:<32} {:<22} {:<28} {}",
@@ -114,7 +137,7 @@ mod tests {
     #[test]
     fn the_list_names_every_standard_task_with_a_next_slot() {
         let mut out = Vec::new();
-        super::list(&mut out).expect("lists");
+        super::list(false, &mut out).expect("lists");
         let text = String::from_utf8(out).expect("utf-8");
         for kind in [
             "core.usage_snapshot",

@@ -4,10 +4,10 @@ use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use jobs_core::{DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, Transition};
+use jobs_core::{DeadLetter, DeadLetterFilter, DeadLetterId, QueueName};
 use serde_json::{Value, json};
 
-use crate::compose::Store;
+use jobs_ops::compose::{Queue, Store};
 
 /// Prints the letters matching `filter`, as a table or JSON Lines.
 pub(crate) async fn list(
@@ -49,49 +49,97 @@ pub(crate) async fn list(
     Ok(())
 }
 
-/// Prints one letter in full.
-pub(crate) async fn show(store: &Store, id: DeadLetterId, out: &mut impl Write) -> Result<()> {
+/// Prints one letter in full: as text, or as JSON with `as_json`.
+pub(crate) async fn show(
+    store: &Store,
+    id: DeadLetterId,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<()> {
     let letter = store
         .dead_letters()
         .get(id)
         .await?
         .with_context(|| format!("dead letter {id} not found"))?;
-    writeln!(out, "{}", serde_json::to_string_pretty(&to_json(&letter))?)?;
+    let value = to_json(&letter);
+    if as_json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
+        return Ok(());
+    }
+    for field in [
+        "id",
+        "status",
+        "queue",
+        "kind",
+        "job_id",
+        "tenant_id",
+        "correlation_id",
+        "attempts",
+        "created_at",
+        "updated_at",
+    ] {
+        let text = match &value[field] {
+            Value::Null => "-".to_owned(),
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        writeln!(out, "{field:<15} {text}")?;
+    }
+    let indent = |text: &str| text.replace('\n', "\n  ");
+    writeln!(out, "last error:\n  {}", indent(&letter.letter.last_error))?;
+    match std::str::from_utf8(&letter.letter.payload) {
+        Ok(text) => writeln!(out, "payload (utf-8):\n  {}", indent(text))?,
+        Err(_) => writeln!(
+            out,
+            "payload (hex):\n  {}",
+            value["payload"]["hex"].as_str().unwrap_or_default()
+        )?,
+    }
     Ok(())
 }
 
-/// Discards each letter; already-discarded ones are reported, not errors.
-pub(crate) async fn discard(
-    store: &Store,
-    ids: &[DeadLetterId],
-    tenant: Option<jobs_core::TenantId>,
+/// Prints the depth of each queue in `names`.
+pub(crate) async fn queues(
+    queue: &Queue,
+    names: &[QueueName],
+    as_json: bool,
     out: &mut impl Write,
 ) -> Result<()> {
-    let mut failed = 0;
-    for &id in ids {
-        let result = store
-            .dead_letters()
-            .transition(id, DeadLetterStatus::Discarded, tenant, SystemTime::now())
-            .await?;
-        let line = match result {
-            Transition::Done => "discarded".to_owned(),
-            Transition::AlreadyDone => "already discarded".to_owned(),
-            Transition::Conflict(status) => {
-                failed += 1;
-                format!("not discarded: it is {status}")
-            }
-            Transition::NotFound => {
-                failed += 1;
-                "not found".to_owned()
-            }
-        };
-        writeln!(out, "{id}: {line}")?;
+    let Some(depth) = &queue.depth else {
+        bail!("the {}: transport cannot report queue depth", queue.scheme);
+    };
+    if !as_json {
+        writeln!(
+            out,
+            "{:<32} {:>8} {:>8} {:>9} {:>8}",
+            "queue", "ready", "delayed", "in flight", "total"
+        )?;
     }
-    if failed > 0 {
-        bail!(
-            "{failed} of {} dead letters could not be discarded",
-            ids.len()
-        );
+    for name in names {
+        let d = depth
+            .depth(name)
+            .await
+            .with_context(|| format!("reading the depth of {name}"))?;
+        if as_json {
+            let line = json!({
+                "queue": name.as_str(),
+                "ready": d.ready,
+                "delayed": d.delayed,
+                "in_flight": d.in_flight,
+                "total": d.total(),
+            });
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(
+                out,
+                "{:<32} {:>8} {:>8} {:>9} {:>8}",
+                name.as_str(),
+                d.ready,
+                d.delayed,
+                d.in_flight,
+                d.total()
+            )?;
+        }
     }
     Ok(())
 }
@@ -100,14 +148,20 @@ pub(crate) async fn discard(
 pub(crate) async fn cleanup(
     store: &Store,
     older_than: Duration,
+    as_json: bool,
     out: &mut impl Write,
 ) -> Result<()> {
     let cleanup = jobs_consumers::ProcessedCleanup::new(store.processed());
     let deleted = cleanup.purge(Some(older_than)).await?;
-    writeln!(
-        out,
-        "deleted {deleted} processed_jobs rows older than {older_than:?}"
-    )?;
+    if as_json {
+        let line = json!({ "deleted": deleted, "older_than_s": older_than.as_secs() });
+        writeln!(out, "{line}")?;
+    } else {
+        writeln!(
+            out,
+            "deleted {deleted} processed_jobs rows older than {older_than:?}"
+        )?;
+    }
     Ok(())
 }
 
@@ -146,6 +200,8 @@ fn to_json(letter: &DeadLetter) -> Value {
         "last_error": l.last_error,
         "created_at_ms": millis(l.at),
         "updated_at_ms": millis(letter.updated_at),
+        "created_at": crate::cron::rfc3339(l.at),
+        "updated_at": crate::cron::rfc3339(letter.updated_at),
         "payload": payload,
     })
 }

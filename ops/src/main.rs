@@ -1,43 +1,108 @@
 //! `jobsctl`: the operator's command line of softcrum-jobs, and its reference composition
 //! root: the one place where adapters are chosen and wired to the library crates.
 
-mod compose;
+mod bulk;
 mod cron;
 mod dead_letters;
 mod demo;
+mod journal;
+mod publish;
 mod validate;
 
+use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use jobs_core::{DeadLetterFilter, DeadLetterId, DeadLetterStatus, Kind, QueueName, TenantId};
+use jobs_ops::compose::{self, ComposeError, Config, Queue, Store};
 
-use crate::compose::{DEFAULT_DATABASE_URL, Store};
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  failure: an operation failed (or an envelope is invalid); a bulk run can be re-run
+  2  usage or configuration error (bad flag or value, unknown URL scheme, unreadable jobs.toml)
+  3  not confirmed: the prompt was declined, or --yes is missing and stdin is not a terminal";
 
-/// Operate softcrum-jobs: run the demo, validate envelopes, and (as the library grows)
-/// migrate stores and review dead letters.
-///
-/// Exit codes: 0 success, 1 failure (or an invalid envelope), 2 usage error.
+/// Operate softcrum-jobs: publish jobs, review and replay dead letters, migrate stores, watch
+/// queues, validate envelopes.
 #[derive(Debug, Parser)]
-#[command(name = "jobsctl", version, about, long_about)]
+#[command(
+    name = "jobsctl",
+    version,
+    about,
+    long_about = "Operate softcrum-jobs: publish jobs, review and replay dead letters, migrate \
+                  stores, watch queues, validate envelopes.\n\nConfiguration: each setting comes \
+                  from its flag, else its environment variable, else its key in jobs.toml \
+                  (--config PATH or JOBS_CONFIG, else ./jobs.toml when present), else its \
+                  default. `jobsctl config` shows what is in effect and where it came from.",
+    after_long_help = EXIT_CODES,
+)]
 struct Cli {
+    #[command(flatten)]
+    config: ConfigFlags,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The configuration flags, accepted by every command.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Configuration (flag > environment > jobs.toml > default)")]
+struct ConfigFlags {
+    /// The configuration file [env: JOBS_CONFIG] [default: ./jobs.toml when present].
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The store: sqlite://PATH or postgres://USER@HOST:PORT/DB [env: DATABASE_URL]
+    /// [jobs.toml: database_url] [default: sqlite://.jobs/jobs.db].
+    #[arg(long, global = true, value_name = "URL")]
+    database_url: Option<String>,
+    /// The queue transport: memory: [env: JOBS_QUEUE_URL] [jobs.toml: queue_url]
+    /// [default: memory:, which lives in this process only].
+    #[arg(long, global = true, value_name = "URL")]
+    queue_url: Option<String>,
+    /// The rate limiter: memory: or redis://HOST:PORT [env: JOBS_RATE_LIMIT_URL]
+    /// [jobs.toml: rate_limit_url] [default: memory:].
+    #[arg(long, global = true, value_name = "URL")]
+    rate_limit_url: Option<String>,
+    /// Where alerts go: console or betterstack [env: JOBS_ALERTER] [jobs.toml: alerter]
+    /// [default: console].
+    #[arg(long, global = true, value_name = "NAME")]
+    alerter: Option<String>,
+    /// Where bulk dead-letter runs keep their journals [env: JOBS_JOURNAL_DIR]
+    /// [jobs.toml: journal_dir] [default: .jobs/runs].
+    #[arg(long, global = true, value_name = "DIR")]
+    journal_dir: Option<String>,
+}
+
+impl ConfigFlags {
+    fn resolve(&self) -> Result<Config, ComposeError> {
+        let mut flags = BTreeMap::new();
+        for (name, value) in [
+            ("--database-url", &self.database_url),
+            ("--queue-url", &self.queue_url),
+            ("--rate-limit-url", &self.rate_limit_url),
+            ("--alerter", &self.alerter),
+            ("--journal-dir", &self.journal_dir),
+        ] {
+            if let Some(value) = value {
+                flags.insert(name, value.clone());
+            }
+        }
+        Config::from_process(&flags, self.config.clone())
+    }
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the worker runtime on the embedded defaults and narrate what happens.
     ///
-    /// Needs nothing but this binary: an in-memory queue and store, console alerts.
+    /// Needs nothing but this binary: an in-memory queue, a SQLite store in a temporary file,
+    /// console alerts. Ignores the configuration.
     ///
     /// Example: jobsctl demo
     Demo,
-    /// Work with envelopes.
-    #[command(subcommand)]
-    Envelope(EnvelopeCommand),
     /// Create or update the store's tables (`core.processed_jobs`, `core.dead_letters`).
     ///
     /// Idempotent. Workers never migrate on their own: run this on deploy.
@@ -45,30 +110,76 @@ enum Command {
     /// Examples:
     ///   jobsctl migrate
     ///   jobsctl migrate --database-url postgres://postgres@127.0.0.1:5432/app
-    Migrate(Db),
-    /// Review dead letters.
+    Migrate,
+    /// Publish one job through the configured queue and print its job id.
+    ///
+    /// Builds the envelope (a fresh UUIDv7 job id; the correlation id defaults to the job id),
+    /// validates it exactly as consumers will, then publishes it now, after --delay, or at
+    /// --at. With --json, prints the job id with the transport's receipt.
+    ///
+    /// Examples:
+    ///   jobsctl publish --queue billing.invoices --kind billing.invoice_issued \
+    ///     --tenant 0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90 --data '{"invoice":42}'
+    ///   jobsctl publish --queue billing.invoices --kind billing.invoice_issued \
+    ///     --tenant 0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90 --data @invoice.json --delay 10m --json
+    #[command(after_long_help = EXIT_CODES)]
+    Publish(publish::PublishArgs),
+    /// Work with envelopes.
+    #[command(subcommand)]
+    Envelope(EnvelopeCommand),
+    /// Review, replay and discard dead letters.
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(DeadLetterCommand),
+    /// Depth per queue (ready, delayed, in flight) from the configured transport.
+    ///
+    /// The queues are the --queue flags, else JOBS_QUEUES / `queues` in jobs.toml, else the
+    /// queues of the standard periodic tasks.
+    ///
+    /// Examples:
+    ///   jobsctl queues
+    ///   jobsctl queues --queue billing.invoices --queue notify.email --json
+    Queues {
+        /// A queue to report on (repeatable).
+        #[arg(long = "queue", value_name = "QUEUE")]
+        queues: Vec<QueueName>,
+        /// One JSON object per queue instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Housekeeping.
     #[command(subcommand)]
     Cleanup(CleanupCommand),
     /// The periodic tasks fanned out per tenant.
     #[command(subcommand)]
     Cron(CronCommand),
+    /// Show the configuration in effect and where each value came from (secrets hidden).
+    ///
+    /// Examples:
+    ///   jobsctl config
+    ///   JOBS_QUEUE_URL=memory: jobsctl config --config ./deploy/jobs.toml --json
+    Config {
+        /// One JSON object per key instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 enum CronCommand {
     /// List the tasks with their schedules, queues and next slots (UTC).
     ///
-    /// Example: jobsctl cron list
-    List,
+    /// Examples:
+    ///   jobsctl cron list
+    ///   jobsctl cron list --json
+    List {
+        /// One JSON object per task instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Fire one slot by hand; with --dry-run, print what would be published.
     ///
     /// Example: jobsctl cron tick --at 2026-12-01T03:00:00Z --dry-run --database-url postgres://…
     Tick {
-        #[command(flatten)]
-        db: Db,
         /// The slot, RFC 3339 (e.g. 2026-12-01T03:00:00Z).
         #[arg(long, value_parser = cron::parse_time)]
         at: std::time::SystemTime,
@@ -78,22 +189,46 @@ enum CronCommand {
     },
 }
 
-/// Where the store is.
+/// Which dead letters a bulk command selects.
 #[derive(Debug, Args)]
-struct Db {
-    /// The store: sqlite://PATH or postgres://USER@HOST:PORT/DB.
-    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, hide_env_values = true)]
-    database_url: String,
+pub(crate) struct Selection {
+    /// The dead letters' ids.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    ids: Vec<i64>,
+    /// Every dead letter matching the filters (asks for confirmation unless --yes).
+    #[arg(long)]
+    all: bool,
+    /// With --all: only this status [default: pending_review].
+    #[arg(long, value_parser = parse_status, requires = "all")]
+    status: Option<DeadLetterStatus>,
+    /// With --all: only this queue.
+    #[arg(long, requires = "all")]
+    queue: Option<QueueName>,
+    /// Only this tenant's letters (with ids: refuse the others).
+    #[arg(long)]
+    tenant: Option<TenantId>,
+    /// With --all: only this kind.
+    #[arg(long, requires = "all")]
+    kind: Option<Kind>,
+    /// Act without asking (required when standard input is not a terminal).
+    #[arg(long, short = 'y')]
+    yes: bool,
+    /// One JSON object per letter instead of text lines.
+    #[arg(long)]
+    json: bool,
+    /// Test hook: stop after this many letters, as an interruption would.
+    #[arg(long, hide = true)]
+    stop_after: Option<usize>,
 }
 
 #[derive(Debug, Subcommand)]
 enum DeadLetterCommand {
     /// List dead letters, oldest first.
     ///
-    /// Example: jobsctl dead-letters list --status pending_review --queue billing.invoices
+    /// Examples:
+    ///   jobsctl dead-letters list --status pending_review --queue billing.invoices
+    ///   jobsctl dead-letters list --after 200 --limit 100 --json
     List {
-        #[command(flatten)]
-        db: Db,
         /// pending_review, replayed or discarded.
         #[arg(long, value_parser = parse_status)]
         status: Option<DeadLetterStatus>,
@@ -116,28 +251,41 @@ enum DeadLetterCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Show one dead letter in full, payload included, as JSON.
+    /// Show one dead letter in full, payload included.
     ///
-    /// Example: jobsctl dead-letters show 42
+    /// Examples:
+    ///   jobsctl dead-letters show 42
+    ///   jobsctl dead-letters show 42 --json | jq .payload
     Show {
-        #[command(flatten)]
-        db: Db,
         /// The dead letter's id.
         id: i64,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
+    /// Publish dead letters again to their queues (same job id), marking them replayed.
+    ///
+    /// Replaying releases the job's claim in processed_jobs, then publishes under the dedup
+    /// key dead-letter-ID: repeating a replay is harmless. With --all, the matching letters
+    /// are snapshotted into a journal under --journal-dir first; re-running the same command
+    /// after an interruption resumes that snapshot, so nothing is skipped (a letter marked
+    /// replayed but not yet published is published) and nothing finished is done again.
+    ///
+    /// Examples:
+    ///   jobsctl dead-letters replay 42 43
+    ///   jobsctl dead-letters replay --all --queue billing.invoices --tenant 0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90
+    ///   jobsctl dead-letters replay --all --kind billing.invoice_issued --yes --json
+    #[command(after_long_help = EXIT_CODES)]
+    Replay(Selection),
     /// Mark dead letters discarded (only from pending_review; repeating is harmless).
     ///
-    /// Example: jobsctl dead-letters discard 42 43 --tenant 0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90
-    Discard {
-        #[command(flatten)]
-        db: Db,
-        /// Only if the letter belongs to this tenant.
-        #[arg(long)]
-        tenant: Option<TenantId>,
-        /// The dead letters' ids.
-        #[arg(required = true)]
-        ids: Vec<i64>,
-    },
+    /// With --all, resumable like replay.
+    ///
+    /// Examples:
+    ///   jobsctl dead-letters discard 42 43 --tenant 0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90
+    ///   jobsctl dead-letters discard --all --queue billing.invoices --kind billing.test --yes
+    #[command(after_long_help = EXIT_CODES)]
+    Discard(Selection),
 }
 
 #[derive(Debug, Subcommand)]
@@ -147,13 +295,16 @@ enum CleanupCommand {
     /// Keep rows well past the longest a message can live in your transport: a redelivery
     /// that finds no row runs again.
     ///
-    /// Example: jobsctl cleanup processed --older-than 30d
+    /// Examples:
+    ///   jobsctl cleanup processed --older-than 30d
+    ///   jobsctl cleanup processed --older-than 1h30m --json
     Processed {
-        #[command(flatten)]
-        db: Db,
         /// Age, e.g. 30d, 12h, 1h30m.
         #[arg(long, value_parser = dead_letters::parse_duration)]
         older_than: std::time::Duration,
+        /// A JSON object instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -170,7 +321,7 @@ enum EnvelopeCommand {
     ///
     /// Examples:
     ///   jobsctl envelope validate job.json
-    ///   producer | jobsctl envelope validate --lines -
+    ///   producer | jobsctl envelope validate --lines --json -
     Validate {
         /// The file to read, or `-` for standard input.
         #[arg(default_value = "-")]
@@ -178,39 +329,185 @@ enum EnvelopeCommand {
         /// Read one envelope per line (JSON Lines).
         #[arg(long)]
         lines: bool,
+        /// One JSON object per envelope instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Envelope(EnvelopeCommand::Validate { file, lines }) => validate(&file, lines),
-        Command::Demo => finish(block_on(async {
-            demo::run(&mut std::io::stdout().lock()).await
-        })),
-        Command::Migrate(db) => finish(block_on(async {
-            Store::connect(&db.database_url).await?.migrate().await?;
-            println!("migrations applied");
-            Ok(())
-        })),
-        Command::DeadLetters(command) => finish(block_on(dead_letter_command(command))),
-        Command::Cron(CronCommand::List) => finish(cron::list(&mut std::io::stdout().lock())),
-        Command::Cron(CronCommand::Tick { db, at, dry_run }) => finish(block_on(async {
-            let store = Store::connect(&db.database_url).await?;
-            cron::tick(&store, at, dry_run, &mut std::io::stdout().lock()).await
-        })),
-        Command::Cleanup(CleanupCommand::Processed { db, older_than }) => finish(block_on(async {
-            let store = Store::connect(&db.database_url).await?;
-            dead_letters::cleanup(&store, older_than, &mut std::io::stdout().lock()).await
-        })),
+/// An error the operator's input caused: exit code 2.
+#[derive(Debug)]
+pub(crate) struct Usage(pub(crate) String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
-async fn dead_letter_command(command: DeadLetterCommand) -> Result<()> {
+impl std::error::Error for Usage {}
+
+/// The operator did not confirm a bulk action: exit code 3.
+#[derive(Debug)]
+pub(crate) struct NotConfirmed(pub(crate) String);
+
+impl std::fmt::Display for NotConfirmed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotConfirmed {}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Envelope(EnvelopeCommand::Validate { file, lines, json }) = &cli.command {
+        return validate(file, *lines, *json);
+    }
+    if let Command::Demo = cli.command {
+        return finish(block_on(async {
+            demo::run(&mut std::io::stdout().lock()).await
+        }));
+    }
+    let config = match cli.config.resolve() {
+        Ok(config) => config,
+        Err(e) => return finish(Err(e.into())),
+    };
+    finish(block_on(run(cli.command, config)))
+}
+
+async fn run(command: Command, config: Config) -> Result<()> {
     let out = &mut std::io::stdout().lock();
     match command {
+        Command::Demo | Command::Envelope(_) => unreachable!("handled before configuration"),
+        Command::Config { json } => show_config(&config, json, out),
+        Command::Migrate => {
+            let store = Store::connect(&config).await?;
+            store.migrate().await.context("applying migrations")?;
+            writeln!(out, "migrations applied")?;
+            Ok(())
+        }
+        Command::Publish(args) => {
+            let queue = durable_queue(&config, "publish").await?;
+            publish::run(&queue, args, out).await
+        }
+        Command::Queues { queues, json } => {
+            let queue = Queue::connect(&config).await?;
+            let names = if !queues.is_empty() {
+                queues
+            } else if let Some(list) = config.get(&compose::QUEUES) {
+                list.split(',')
+                    .map(|name| name.trim().parse::<QueueName>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| Usage(format!("{}: {e}", compose::QUEUES.describe())))?
+            } else {
+                cron::standard_queues()?
+            };
+            if !queue.durable {
+                eprintln!(
+                    "note: the {}: queue lives in this process only, so its depth is always 0 here",
+                    queue.scheme
+                );
+            }
+            dead_letters::queues(&queue, &names, json, out).await
+        }
+        Command::DeadLetters(command) => dead_letter_command(command, &config, out).await,
+        Command::Cron(CronCommand::List { json }) => cron::list(json, out),
+        Command::Cron(CronCommand::Tick { at, dry_run }) => {
+            let store = Store::connect(&config).await?;
+            cron::tick(&store, at, dry_run, out).await
+        }
+        Command::Cleanup(CleanupCommand::Processed { older_than, json }) => {
+            let store = Store::connect(&config).await?;
+            dead_letters::cleanup(&store, older_than, json, out).await
+        }
+    }
+}
+
+/// The configured queue, refusing the default in-process one for commands whose messages
+/// must outlive this process: an explicitly configured `memory:` is obeyed, with a warning.
+async fn durable_queue(config: &Config, what: &str) -> Result<Queue> {
+    let queue = Queue::connect(config).await?;
+    if !queue.durable {
+        let explicit = config
+            .setting(&compose::QUEUE_URL)
+            .is_some_and(|s| s.source != compose::Source::Default);
+        if !explicit {
+            return Err(Usage(format!(
+                "no queue is configured, and what {what} sends to the default in-process \
+                 memory: queue is lost when jobsctl exits; set {}",
+                compose::QUEUE_URL.describe()
+            ))
+            .into());
+        }
+        eprintln!(
+            "warning: the {}: queue lives in this process only: what {what} sends is lost when \
+             jobsctl exits",
+            queue.scheme
+        );
+    }
+    Ok(queue)
+}
+
+fn show_config(config: &Config, json: bool, out: &mut impl std::io::Write) -> Result<()> {
+    if !json {
+        writeln!(
+            out,
+            "{:<28} {:<28} {:<28} source",
+            "key", "value", "environment"
+        )?;
+        if let Some(file) = config.file() {
+            writeln!(out, "(configuration file: {})", file.display())?;
+        }
+    }
+    for key in compose::KEYS {
+        let setting = config.setting(key);
+        let value = setting.map(|s| {
+            if key.secret {
+                redact(&s.value)
+            } else {
+                s.value.clone()
+            }
+        });
+        let source = setting.map_or_else(|| "unset".to_owned(), |s| s.source.to_string());
+        if json {
+            let line = serde_json::json!({
+                "key": key.name,
+                "value": value,
+                "source": source,
+                "env": key.env,
+                "flag": key.flag,
+            });
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(
+                out,
+                "{:<28} {:<28} {:<28} {source}",
+                key.name,
+                value.as_deref().unwrap_or("-"),
+                key.env
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A secret value with only its scheme left (`postgres://…`), or `…` for a token.
+fn redact(value: &str) -> String {
+    match value.split_once("://") {
+        Some((scheme, _)) => format!("{scheme}://…"),
+        None if value.ends_with(':') => value.to_owned(),
+        None => "…".to_owned(),
+    }
+}
+
+async fn dead_letter_command(
+    command: DeadLetterCommand,
+    config: &Config,
+    out: &mut impl std::io::Write,
+) -> Result<()> {
+    match command {
         DeadLetterCommand::List {
-            db,
             status,
             queue,
             tenant,
@@ -227,22 +524,34 @@ async fn dead_letter_command(command: DeadLetterCommand) -> Result<()> {
                 after: after.map(DeadLetterId),
                 limit,
             };
-            let store = Store::connect(&db.database_url).await?;
+            let store = Store::connect(config).await?;
             dead_letters::list(&store, &filter, json, out).await
         }
-        DeadLetterCommand::Show { db, id } => {
-            let store = Store::connect(&db.database_url).await?;
-            dead_letters::show(&store, DeadLetterId(id), out).await
+        DeadLetterCommand::Show { id, json } => {
+            let store = Store::connect(config).await?;
+            dead_letters::show(&store, DeadLetterId(id), json, out).await
         }
-        DeadLetterCommand::Discard { db, tenant, ids } => {
-            let store = Store::connect(&db.database_url).await?;
-            let ids: Vec<DeadLetterId> = ids.into_iter().map(DeadLetterId).collect();
-            dead_letters::discard(&store, &ids, tenant, out).await
+        DeadLetterCommand::Replay(selection) => {
+            let store = Store::connect(config).await?;
+            let queue = durable_queue(config, "replay").await?;
+            bulk::run(
+                bulk::Action::Replay,
+                &store,
+                Some(&queue),
+                config,
+                selection,
+                out,
+            )
+            .await
+        }
+        DeadLetterCommand::Discard(selection) => {
+            let store = Store::connect(config).await?;
+            bulk::run(bulk::Action::Discard, &store, None, config, selection, out).await
         }
     }
 }
 
-fn validate(file: &PathBuf, lines: bool) -> ExitCode {
+fn validate(file: &PathBuf, lines: bool, json: bool) -> ExitCode {
     let input: Box<dyn std::io::Read> = if file.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
     } else {
@@ -254,7 +563,7 @@ fn validate(file: &PathBuf, lines: bool) -> ExitCode {
             }
         }
     };
-    match validate::run(input, lines, &mut std::io::stdout().lock()) {
+    match validate::run(input, lines, json, &mut std::io::stdout().lock()) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -273,11 +582,52 @@ fn block_on<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
 }
 
 fn finish(result: Result<()>) -> ExitCode {
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+    let Err(e) = result else {
+        return ExitCode::SUCCESS;
+    };
+    eprintln!("error: {e:#}");
+    if e.downcast_ref::<NotConfirmed>().is_some() {
+        return ExitCode::from(3);
+    }
+    let usage = e.downcast_ref::<Usage>().is_some()
+        || e.downcast_ref::<ComposeError>()
+            .is_some_and(ComposeError::is_configuration);
+    if usage {
+        ExitCode::from(2)
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_command_has_help_with_an_example() {
+        super::Cli::command().debug_assert();
+        fn walk(command: &clap::Command, path: &str) {
+            for sub in command.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name());
+                if sub.has_subcommands() {
+                    walk(sub, &path);
+                    continue;
+                }
+                let help = sub
+                    .get_long_about()
+                    .or(sub.get_about())
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                assert!(help.contains("jobsctl "), "{path} has no example:\n{help}");
+            }
         }
+        walk(&super::Cli::command(), "jobsctl");
+    }
+
+    #[test]
+    fn secrets_keep_only_their_scheme() {
+        assert_eq!(super::redact("postgres://u:pw@h/db"), "postgres://…");
+        assert_eq!(super::redact("memory:"), "memory:");
+        assert_eq!(super::redact("token123"), "…");
     }
 }

@@ -7,7 +7,12 @@ use jobs_core::Envelope;
 
 /// Validates one envelope (or one per line with `lines`) from `input`, printing each problem
 /// with the field it names. Returns whether every envelope was valid.
-pub(crate) fn run(input: impl Read, lines: bool, out: &mut impl Write) -> Result<bool> {
+pub(crate) fn run(
+    input: impl Read,
+    lines: bool,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<bool> {
     let mut all_valid = true;
     if lines {
         let reader = std::io::BufReader::new(input);
@@ -17,7 +22,7 @@ pub(crate) fn run(input: impl Read, lines: bool, out: &mut impl Write) -> Result
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            all_valid &= report(line, &format!("line {}: ", n + 1), out)?;
+            all_valid &= report(line, Some(n + 1), as_json, out)?;
         }
     } else {
         let mut bytes = Vec::new();
@@ -25,13 +30,35 @@ pub(crate) fn run(input: impl Read, lines: bool, out: &mut impl Write) -> Result
             .read_to_end(&mut bytes)
             .context("reading the input")?;
         let trimmed = bytes.trim_ascii_end();
-        all_valid = report(trimmed, "", out)?;
+        all_valid = report(trimmed, None, as_json, out)?;
     }
     Ok(all_valid)
 }
 
-fn report(bytes: &[u8], prefix: &str, out: &mut impl Write) -> Result<bool> {
-    match Envelope::decode(bytes) {
+fn report(bytes: &[u8], line: Option<usize>, as_json: bool, out: &mut impl Write) -> Result<bool> {
+    let decoded = Envelope::decode(bytes);
+    if as_json {
+        let value = match &decoded {
+            Ok(envelope) => serde_json::json!({
+                "line": line,
+                "valid": true,
+                "job_id": envelope.job_id.to_string(),
+                "kind": envelope.kind.as_str(),
+            }),
+            Err(e) => serde_json::json!({
+                "line": line,
+                "valid": false,
+                "issues": e.issues().iter().map(|issue| serde_json::json!({
+                    "field": issue.field.to_string(),
+                    "problem": issue.problem.to_string(),
+                })).collect::<Vec<_>>(),
+            }),
+        };
+        writeln!(out, "{value}")?;
+        return Ok(decoded.is_ok());
+    }
+    let prefix = line.map(|n| format!("line {n}: ")).unwrap_or_default();
+    match decoded {
         Ok(envelope) => {
             writeln!(
                 out,
@@ -60,7 +87,7 @@ mod tests {
         let v4 = VALID.replace("7cc3", "4cc3");
         let input = format!("{VALID}\n\n{v4}\n{{\"kind\":\"x\"}}\n");
         let mut out = Vec::new();
-        let valid = run(input.as_bytes(), true, &mut out).expect("reads");
+        let valid = run(input.as_bytes(), true, false, &mut out).expect("reads");
         let out = String::from_utf8(out).expect("utf-8");
         assert!(!valid);
         assert!(out.contains("line 1: valid"), "{out}");
@@ -77,6 +104,6 @@ mod tests {
     #[test]
     fn a_single_envelope_with_a_trailing_newline_is_valid() {
         let mut out = Vec::new();
-        assert!(run(format!("{VALID}\n").as_bytes(), false, &mut out).expect("reads"));
+        assert!(run(format!("{VALID}\n").as_bytes(), false, false, &mut out).expect("reads"));
     }
 }

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use jobs_adapter_sqlite::SqliteStore;
 use jobs_core::{DeadLetterStore, NewDeadLetter, QueueName};
 
-fn jobsctl(args: &[&str]) -> Output {
+pub(crate) fn jobsctl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_jobsctl"))
         .args(args)
         .env_remove("DATABASE_URL")
+        .env_remove("JOBS_QUEUE_URL")
+        .env_remove("JOBS_CONFIG")
         .output()
         .expect("jobsctl runs")
 }
@@ -21,16 +23,16 @@ fn stdout(output: &Output) -> String {
 }
 
 /// A SQLite file path unique to this test, removed at the end.
-struct TempDb(PathBuf);
+pub(crate) struct TempDb(pub(crate) PathBuf);
 
 impl TempDb {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let path = std::env::temp_dir().join(format!("jobsctl-{name}-{}.db", std::process::id()));
         let _ = std::fs::remove_file(&path);
         TempDb(path)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("sqlite://{}", self.0.display())
     }
 }
@@ -91,7 +93,14 @@ async fn migrate_then_review_and_discard_dead_letters_on_sqlite() {
         "{table}"
     );
 
-    let shown = jobsctl(&["dead-letters", "show", "1", "--database-url", &url]);
+    let shown = jobsctl(&[
+        "dead-letters",
+        "show",
+        "1",
+        "--json",
+        "--database-url",
+        &url,
+    ]);
     let json: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("show prints JSON");
     assert_eq!(
         json["payload"]["hex"], "ff006e6f74206a736f6e",

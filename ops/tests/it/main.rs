@@ -1,8 +1,11 @@
 //! End-to-end tests of the composition: the real `jobsctl` binary, and the worker runtime on
 //! real stores.
 
+mod bulk;
 mod cli;
+mod config;
 mod model;
 mod pg;
 mod postgres;
+mod publish;
 mod vercel;

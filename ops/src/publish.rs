@@ -1,0 +1,129 @@
+//! `jobsctl publish`: one job, validated as consumers will validate it, through the configured
+//! queue.
+
+use std::io::{Read, Write};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use jobs_core::{CorrelationId, Envelope, JobId, Kind, PublishOptions, QueueName, TenantId};
+use jobs_ops::compose::Queue;
+use serde_json::{Value, json};
+
+use crate::Usage;
+
+/// What to publish.
+#[derive(Debug, Args)]
+pub(crate) struct PublishArgs {
+    /// The queue, e.g. billing.invoices.
+    #[arg(long)]
+    queue: QueueName,
+    /// The job's kind, which selects its handler, e.g. billing.invoice_issued.
+    #[arg(long)]
+    kind: Kind,
+    /// The tenant, a UUID.
+    #[arg(long)]
+    tenant: TenantId,
+    /// The business operation the job belongs to, a UUID [default: the new job id].
+    #[arg(long)]
+    correlation: Option<CorrelationId>,
+    /// The job's data: JSON, or @FILE to read it from a file (@- for standard input)
+    /// [default: {}].
+    #[arg(long, value_name = "JSON|@FILE")]
+    data: Option<String>,
+    /// Deliver at this time, RFC 3339 (e.g. 2026-12-01T03:00:00Z); a past time is now.
+    #[arg(long, value_parser = crate::cron::parse_time, conflicts_with = "delay")]
+    at: Option<SystemTime>,
+    /// Deliver after this long, e.g. 90s, 10m, 1h30m.
+    #[arg(long, value_parser = crate::dead_letters::parse_duration)]
+    delay: Option<Duration>,
+    /// Print the job id with the transport's receipt as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn read_data(spec: Option<&str>) -> Result<Value> {
+    let text = match spec {
+        None => return Ok(json!({})),
+        Some("@-") => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .context("reading --data from standard input")?;
+            text
+        }
+        Some(spec) => match spec.strip_prefix('@') {
+            Some(path) => {
+                std::fs::read_to_string(path).map_err(|e| Usage(format!("--data @{path}: {e}")))?
+            }
+            None => spec.to_owned(),
+        },
+    };
+    Ok(serde_json::from_str(&text).map_err(|e| Usage(format!("--data is not JSON: {e}")))?)
+}
+
+/// Builds, validates and publishes the job, printing its id (and receipt with `--json`).
+pub(crate) async fn run(queue: &Queue, args: PublishArgs, out: &mut impl Write) -> Result<()> {
+    let data = read_data(args.data.as_deref())?;
+    let job_id = JobId::generate();
+    let correlation_id = match args.correlation {
+        Some(id) => id,
+        // A job that starts a business operation correlates with itself.
+        None => job_id
+            .to_string()
+            .parse()
+            .context("a job id is a valid correlation id")?,
+    };
+    let envelope = Envelope {
+        job_id,
+        tenant_id: args.tenant,
+        correlation_id,
+        kind: args.kind,
+        data,
+    };
+    // The same check every consumer makes, size limit included: refuse here what would only
+    // become a dead letter there.
+    let bytes = envelope.to_json_bytes().context("encoding the envelope")?;
+    if let Err(e) = Envelope::decode(&bytes) {
+        let problems: Vec<String> = e
+            .issues()
+            .iter()
+            .map(|issue| format!("{}: {}", issue.field, issue.problem))
+            .collect();
+        anyhow::bail!("the job is not a valid envelope: {}", problems.join("; "));
+    }
+    let receipt = match (args.at, args.delay) {
+        (Some(at), _) => queue.publisher.schedule(&args.queue, &envelope, at).await,
+        (None, Some(delay)) => {
+            let opts = PublishOptions::default().delay(delay);
+            queue.publisher.publish(&args.queue, &envelope, opts).await
+        }
+        (None, None) => {
+            queue
+                .publisher
+                .publish(&args.queue, &envelope, PublishOptions::default())
+                .await
+        }
+    }
+    .with_context(|| format!("publishing to {}", args.queue))?;
+    if args.json {
+        let line = json!({
+            "job_id": envelope.job_id.to_string(),
+            "queue": args.queue.as_str(),
+            "kind": envelope.kind.as_str(),
+            "tenant_id": envelope.tenant_id.to_string(),
+            "correlation_id": envelope.correlation_id.to_string(),
+            "at": args.at.map(crate::cron::rfc3339),
+            "delay_ms": args.delay.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            "transport": queue.scheme,
+            "receipt": {
+                "message_id": receipt.message_id,
+                "duplicate": receipt.duplicate,
+            },
+        });
+        writeln!(out, "{line}")?;
+    } else {
+        writeln!(out, "{}", envelope.job_id)?;
+    }
+    Ok(())
+}
