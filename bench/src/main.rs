@@ -4,6 +4,7 @@
 //! the baseline's and the ratio; nothing here asserts a timing.
 
 mod consume;
+mod pgqueue;
 mod ratelimit;
 
 use std::process::ExitCode;
@@ -13,11 +14,13 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("consume") => consume::run(),
         Some("ratelimit") => ratelimit::run(),
+        Some("pg-queue") => pgqueue::run(args.get(1).map(String::as_str)),
         _ => {
             eprintln!(
-                "usage: jobs-bench consume|ratelimit\n\nenvironment: DATABASE_URL, JOBS_BENCH_JOBS \
-                 (default 10000) for consume; REDIS_URL, JOBS_BENCH_ACQUISITIONS (default 20000) \
-                 for ratelimit"
+                "usage: jobs-bench consume|ratelimit|pg-queue [jobs]\n\nenvironment: DATABASE_URL, \
+                 JOBS_BENCH_JOBS (default 10000) for consume; REDIS_URL, JOBS_BENCH_ACQUISITIONS \
+                 (default 20000) for ratelimit; DATABASE_URL, JOBS_BENCH_PG_QUEUE_JOBS (default \
+                 100000, or the argument) for pg-queue"
             );
             return ExitCode::from(2);
         }

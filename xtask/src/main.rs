@@ -20,7 +20,8 @@ Commands:
   ci      run every CI check in order: fmt, deps, adr, services, clippy, schema, test, doc
   schema  regenerate the committed JSON schema of jobs-core from the code
   bench <name>
-          run a benchmark (release build) next to its baseline: consume, ratelimit
+          run a benchmark (release build) next to its baseline: consume, ratelimit,
+          pg-queue (JOBS_BENCH_PG_QUEUE_JOBS=10000 for a quick run)
   help    print this message
 ";
 
@@ -72,6 +73,18 @@ const BENCHES: &[(&str, Cmd)] = &[
             "jobs-bench",
             "--",
             "ratelimit",
+        ]),
+    ),
+    (
+        "pg-queue",
+        Cmd::new(&[
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "jobs-bench",
+            "--",
+            "pg-queue",
         ]),
     ),
 ];
