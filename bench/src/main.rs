@@ -4,6 +4,7 @@
 //! the baseline's and the ratio; nothing here asserts a timing.
 
 mod consume;
+mod pgqueue;
 mod ratelimit;
 mod vercel;
 
@@ -15,12 +16,16 @@ fn main() -> ExitCode {
         Some("consume") => consume::run(),
         Some("ratelimit") => ratelimit::run(),
         Some("vercel") => vercel::run(),
+        Some("pg-queue") => pgqueue::run(args.get(1).map(String::as_str)),
         _ => {
             eprintln!(
-                "usage: jobs-bench consume|ratelimit|vercel\n\nenvironment: DATABASE_URL, JOBS_BENCH_JOBS \
-                 (default 10000) for consume; REDIS_URL, JOBS_BENCH_ACQUISITIONS (default 20000) \
-                 for ratelimit; JOBS_BENCH_MESSAGES (default 2000) for vercel, on Vercel's \
-                 emulator from .venv"
+                "usage: jobs-bench consume|ratelimit|vercel|pg-queue [jobs]
+
+environment: \
+                 DATABASE_URL, JOBS_BENCH_JOBS (default 10000) for consume; REDIS_URL, \
+                 JOBS_BENCH_ACQUISITIONS (default 20000) for ratelimit; JOBS_BENCH_MESSAGES \
+                 (default 2000) for vercel, on Vercel's emulator from .venv; DATABASE_URL, \
+                 JOBS_BENCH_PG_QUEUE_JOBS (default 100000, or the argument) for pg-queue"
             );
             return ExitCode::from(2);
         }

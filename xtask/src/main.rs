@@ -23,7 +23,8 @@ Commands:
   emulators
           install the vendors' emulators the tests run (Vercel Queues) into .venv
   bench <name>
-          run a benchmark (release build) next to its baseline: consume, ratelimit, vercel
+          run a benchmark (release build) next to its baseline: consume, ratelimit, vercel,
+          pg-queue (JOBS_BENCH_PG_QUEUE_JOBS=10000 for a quick run)
   help    print this message
 ";
 
@@ -89,6 +90,18 @@ const BENCHES: &[(&str, Cmd)] = &[
             "jobs-bench",
             "--",
             "vercel",
+        ]),
+    ),
+    (
+        "pg-queue",
+        Cmd::new(&[
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "jobs-bench",
+            "--",
+            "pg-queue",
         ]),
     ),
 ];

@@ -12,6 +12,13 @@
 //! when their schema changes. See ADR 0004 for the schema and why pending dead letters are
 //! deduplicated.
 //!
+//! With the feature `queue`, the crate is also a transport (ADR 0011): [`PgQueue`] implements
+//! `QueuePort`, `ConsumerPort` and `QueueDepth` over `core.jobs` (batches fetched with
+//! `FOR UPDATE SKIP LOCKED`, leases fenced by a generation, delete on ack), with
+//! [`PgQueue::publish_in`] and [`PgQueue::consume_batch`] joining a transaction, and
+//! [`Outbox`] / [`OutboxRelay`] publish atomically with a business write to any other transport.
+//! The feature's tables are created by the same migrations.
+//!
 //! Errors are classified for the runtime: connection, pool and I/O failures, serialization
 //! failures, deadlocks and server shutdowns are [`StoreError::Unavailable`] (retry later);
 //! everything else is [`StoreError::Failed`]. The sqlx error is kept as the source.
@@ -37,13 +44,21 @@
 mod convert;
 mod dead_letters;
 mod error;
+#[cfg(feature = "queue")]
+mod outbox;
 mod partitions;
+#[cfg(feature = "queue")]
+mod queue;
 mod tenants;
 mod tx;
 
+#[cfg(feature = "queue")]
+pub use outbox::{Outbox, OutboxRelay};
 pub use partitions::{
     MonthlyPartition, PartitionError, PartitionPrecreation, precreate_monthly_partitions,
 };
+#[cfg(feature = "queue")]
+pub use queue::{Batch, BatchError, BatchHandler, NewJob, PgQueue, Wake, Wakeups};
 /// The sqlx this crate is built with: handlers write through [`PgWorkTx::conn`] with it, so
 /// they need the same version.
 pub use sqlx;

@@ -7,8 +7,8 @@
 //! Prints the base URL and the credentials to configure, then serves until interrupted.
 //! Exit codes: 0 after an interrupt, 1 when the port cannot be bound, 2 for usage errors.
 
-use std::process::ExitCode;
 use jobs_testkit::fakes::qstash::{DEV_CURRENT_KEY, DEV_NEXT_KEY, DEV_TOKEN, FakeQStash};
+use std::process::ExitCode;
 
 use jobs_testkit::fakes::betterstack::FakeBetterStack;
 use jobs_testkit::fakes::resend::FakeResend;

@@ -1,7 +1,12 @@
 //! The PostgreSQL adapter against a real PostgreSQL: the store contract suite, the tenant
-//! directory and partition pre-creation. One test binary, one shared database helper.
+//! directory and partition pre-creation, and with the feature `queue` the queue contract suite,
+//! the runtime's model on the queue and the outbox. One test binary, one shared database helper.
 
 mod db;
+#[cfg(feature = "queue")]
+mod outbox;
 mod partitions;
+#[cfg(feature = "queue")]
+mod queue;
 mod store;
 mod tenants;

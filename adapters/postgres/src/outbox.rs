@@ -1,0 +1,257 @@
+//! The transactional outbox (feature `queue`, ADR 0011): jobs written to `core.outbox` in the
+//! application's own transaction, and a relay forwarding the committed ones to another
+//! transport with their dedup keys.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use chrono::{DateTime, Utc};
+use jobs_core::{
+    Clock, Envelope, PublishOptions, QueueError, QueueName, QueuePort, Receipt, SystemClock,
+};
+use sqlx::{PgConnection, PgPool};
+
+use crate::convert::from_timestamp;
+use crate::queue::{queue_error, timestamp};
+
+/// The advisory lock key the relay holds for its transaction: one relay at a time, so rows
+/// are forwarded in id order.
+const RELAY_LOCK: i64 = 0x6a6f_6273_6f75_7462; // "jobsoutb"
+
+/// Writes jobs to `core.outbox` inside the caller's transaction: the job exists if and only
+/// if the business write commits. [`OutboxRelay`] forwards it afterwards.
+///
+/// ```no_run
+/// use jobs_adapter_postgres::Outbox;
+/// use jobs_core::{Envelope, PublishOptions, QueueName};
+///
+/// # async fn run(pool: sqlx::PgPool, job: Envelope) -> Result<(), Box<dyn std::error::Error>> {
+/// let outbox = Outbox::new();
+/// let queue: QueueName = "billing.invoices".parse()?;
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("insert into billing.orders (id) values (1)").execute(&mut *tx).await?;
+/// outbox.publish_in(&mut tx, &queue, &job, PublishOptions::default()).await?;
+/// tx.commit().await?; // both rows, or neither
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Outbox {
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbox").finish_non_exhaustive()
+    }
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Outbox::new()
+    }
+}
+
+impl Outbox {
+    /// An outbox on the system clock.
+    pub fn new() -> Self {
+        Outbox {
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The same outbox reading time from `clock`.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Writes `envelope` for `queue` through `conn` (the caller's transaction). The dedup key
+    /// (set in `opts`, else the job id) travels with it, so the target drops a second relay.
+    /// The receipt names the outbox row; nothing is queued until the relay forwards it.
+    pub async fn publish_in(
+        &self,
+        conn: &mut PgConnection,
+        queue: &QueueName,
+        envelope: &Envelope,
+        opts: PublishOptions,
+    ) -> Result<Receipt, QueueError> {
+        let now = self.clock.now();
+        let run_at = now + opts.delay_value().unwrap_or_default();
+        let key = opts.dedup_key_for(envelope);
+        self.insert(conn, queue, envelope, &key, run_at, now).await
+    }
+
+    /// Like [`Outbox::publish_in`], for delivery at `run_at`, deduplicated by the job id (the
+    /// port's `schedule`).
+    pub async fn schedule_in(
+        &self,
+        conn: &mut PgConnection,
+        queue: &QueueName,
+        envelope: &Envelope,
+        run_at: SystemTime,
+    ) -> Result<Receipt, QueueError> {
+        let key = envelope.job_id.to_string();
+        self.insert(conn, queue, envelope, &key, run_at, self.clock.now())
+            .await
+    }
+
+    async fn insert(
+        &self,
+        conn: &mut PgConnection,
+        queue: &QueueName,
+        envelope: &Envelope,
+        key: &str,
+        run_at: SystemTime,
+        now: SystemTime,
+    ) -> Result<Receipt, QueueError> {
+        let id: i64 = sqlx::query_scalar(
+            "insert into core.outbox (queue, dedup_key, tenant_id, payload, run_at, created_at) \
+             values ($1, $2, $3, $4, $5, $6) returning id",
+        )
+        .bind(queue.as_str())
+        .bind(key)
+        .bind(envelope.tenant_id.as_uuid())
+        .bind(envelope.to_json_bytes()?)
+        .bind(timestamp(queue, run_at.max(now))?)
+        .bind(timestamp(queue, now)?)
+        .fetch_one(conn)
+        .await
+        .map_err(|e| queue_error(queue, "insert into core.outbox", e))?;
+        Ok(Receipt::queued(Some(format!("outbox:{id}"))))
+    }
+}
+
+/// Forwards committed `core.outbox` rows to another transport.
+///
+/// Each [`OutboxRelay::relay_once`] is one transaction holding an advisory lock (a second
+/// relay waits), reading rows in id order, publishing each with its dedup key and deleting
+/// what was forwarded. A relay that dies mid-batch commits nothing, so the rows are forwarded
+/// again and the target drops the copies by key: no job is lost or doubled downstream, as
+/// long as the target deduplicates for longer than the relay takes to come back.
+#[derive(Clone)]
+pub struct OutboxRelay {
+    pool: PgPool,
+    target: Arc<dyn QueuePort>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for OutboxRelay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxRelay").finish_non_exhaustive()
+    }
+}
+
+/// The name errors of the relay itself carry.
+fn outbox_name() -> QueueName {
+    "core.outbox".parse().expect("a valid queue name")
+}
+
+/// A stored outbox row.
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: i64,
+    queue: String,
+    dedup_key: String,
+    payload: Vec<u8>,
+    run_at: DateTime<Utc>,
+}
+
+impl OutboxRelay {
+    /// A relay from the outbox in `pool`'s database to `target`, on the system clock.
+    pub fn new(pool: PgPool, target: Arc<dyn QueuePort>) -> Self {
+        OutboxRelay {
+            pool,
+            target,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The same relay reading time from `clock` (for the remaining delay of a row).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Forwards up to `batch` committed rows, oldest first, and returns how many left the
+    /// outbox.
+    ///
+    /// The first forward that fails stops the batch, so no later row of the same tenant
+    /// overtakes it: the rows before it are deleted, it and the rest stay for the next call,
+    /// and its error is returned.
+    pub async fn relay_once(&self, batch: usize) -> Result<usize, QueueError> {
+        let outbox = outbox_name();
+        let err = |what: &'static str| {
+            let outbox = outbox.clone();
+            move |e| queue_error(&outbox, what, e)
+        };
+        let mut tx = self.pool.begin().await.map_err(err("begin a relay"))?;
+        sqlx::query("select pg_advisory_xact_lock($1)")
+            .bind(RELAY_LOCK)
+            .execute(&mut *tx)
+            .await
+            .map_err(err("take the relay lock"))?;
+        let rows: Vec<Row> = sqlx::query_as(
+            "select id, queue, dedup_key, payload, run_at from core.outbox \
+             order by id limit $1",
+        )
+        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(err("read core.outbox"))?;
+        let mut forwarded = Vec::with_capacity(rows.len());
+        let mut failure = None;
+        for row in rows {
+            match self.forward(&row).await {
+                Ok(()) => forwarded.push(row.id),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        sqlx::query("delete from core.outbox where id = any($1)")
+            .bind(&forwarded)
+            .execute(&mut *tx)
+            .await
+            .map_err(err("delete forwarded rows from core.outbox"))?;
+        tx.commit().await.map_err(err("commit a relay"))?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(forwarded.len()),
+        }
+    }
+
+    async fn forward(&self, row: &Row) -> Result<(), QueueError> {
+        let queue: QueueName = row.queue.parse().map_err(|e| QueueError::Rejected {
+            queue: outbox_name(),
+            reason: format!("outbox row {} names no valid queue: {e}", row.id),
+        })?;
+        let envelope = Envelope::decode(&row.payload).map_err(|e| QueueError::Rejected {
+            queue: queue.clone(),
+            reason: format!("outbox row {} does not decode: {e}", row.id),
+        })?;
+        let run_at = from_timestamp(row.run_at).map_err(|e| QueueError::Rejected {
+            queue: queue.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut opts = PublishOptions::default().dedup_key(row.dedup_key.clone());
+        if let Ok(delay) = run_at.duration_since(self.clock.now()) {
+            if !delay.is_zero() {
+                opts = opts.delay(delay);
+            }
+        }
+        let span = tracing::debug_span!(
+            "relay",
+            queue = %queue,
+            job_id = %envelope.job_id,
+            tenant_id = %envelope.tenant_id,
+            correlation_id = %envelope.correlation_id,
+            kind = %envelope.kind,
+        );
+        let receipt = self.target.publish(&queue, &envelope, opts).await?;
+        span.in_scope(|| tracing::debug!(duplicate = receipt.duplicate, "forwarded"));
+        Ok(())
+    }
+}

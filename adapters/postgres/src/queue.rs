@@ -1,0 +1,751 @@
+//! The PostgreSQL queue (feature `queue`, ADR 0011): `core.jobs`, fetched in batches with
+//! `FOR UPDATE SKIP LOCKED`, leased with a fencing token, deleted on ack.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use jobs_core::{
+    Clock, ConsumerName, ConsumerPort, Delivery, Depth, Envelope, JobId, Lease, PublishOptions,
+    QueueDepth, QueueError, QueueName, QueuePort, Receipt, SystemClock,
+};
+use sqlx::postgres::{PgListener, PgRow};
+use sqlx::types::Uuid;
+use sqlx::{Acquire, PgConnection, PgPool, Row};
+use tracing::Instrument;
+
+use crate::convert::{from_timestamp, to_timestamp};
+use crate::error::is_transient;
+
+/// The channel `core.jobs`' insert trigger notifies, with the queue name as payload.
+pub(crate) const CHANNEL: &str = "core_jobs";
+
+/// `e` from PostgreSQL as a [`QueueError`] of `queue`: transient failures are
+/// [`QueueError::Unavailable`], the rest [`QueueError::Rejected`].
+pub(crate) fn queue_error(queue: &QueueName, what: &str, e: sqlx::Error) -> QueueError {
+    if is_transient(&e) {
+        QueueError::Unavailable {
+            queue: queue.clone(),
+            message: format!("{what}: {e}"),
+            source: Some(Box::new(e)),
+        }
+    } else {
+        QueueError::Rejected {
+            queue: queue.clone(),
+            reason: format!("{what}: {e}"),
+        }
+    }
+}
+
+/// A time the port handed us that PostgreSQL cannot store.
+pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc>, QueueError> {
+    to_timestamp(t).map_err(|e| QueueError::Rejected {
+        queue: queue.clone(),
+        reason: e.to_string(),
+    })
+}
+
+/// The queue on PostgreSQL: [`QueuePort`], [`ConsumerPort`] and [`QueueDepth`] over
+/// `core.jobs`; clones share the pool.
+///
+/// Every statement takes "now" from the queue's [`Clock`] (the system clock unless
+/// [`PgQueue::with_clock`] says otherwise), never from the server, so tests move time by hand.
+/// The schema comes from [`PgStore::migrate`](crate::PgStore::migrate).
+///
+/// ```no_run
+/// use jobs_adapter_postgres::{PgQueue, PgStore};
+/// use jobs_core::{ConsumerPort, QueueName};
+/// use std::time::Duration;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PgStore::connect("postgres://postgres@127.0.0.1:5432/app").await?;
+/// store.migrate().await?;
+/// let queue = PgQueue::new(store.pool().clone());
+/// let name: QueueName = "billing.invoices".parse()?;
+/// let mut wakeups = queue.wakeups();
+/// loop {
+///     let batch = queue.receive(&name, 100, Duration::from_secs(60)).await?;
+///     if batch.is_empty() {
+///         wakeups.wait(&name, Duration::from_secs(1)).await;
+///     }
+///     // ... hand each delivery to the runtime (`Worker::process`).
+/// }
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PgQueue {
+    pool: PgPool,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for PgQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgQueue")
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One job of a batch publish.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// The job.
+    pub envelope: Envelope,
+    /// Its delay and dedup key.
+    pub opts: PublishOptions,
+}
+
+impl PgQueue {
+    /// A queue over `pool` (migrated by [`PgStore::migrate`](crate::PgStore::migrate)), on the
+    /// system clock.
+    pub fn new(pool: PgPool) -> Self {
+        PgQueue {
+            pool,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The same queue reading time from `clock` (a `ManualClock` in tests).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Publishes `envelope` on `queue` inside the caller's transaction (`conn` is e.g.
+    /// `&mut *tx` of a `sqlx::Transaction`): the job exists if and only if that transaction
+    /// commits, and its wake-up is sent at the commit.
+    pub async fn publish_in(
+        &self,
+        conn: &mut PgConnection,
+        queue: &QueueName,
+        envelope: &Envelope,
+        opts: PublishOptions,
+    ) -> Result<Receipt, QueueError> {
+        let payload = envelope.to_json_bytes()?;
+        let now = self.clock.now();
+        let run_at = now + opts.delay_value().unwrap_or_default();
+        let key = opts.dedup_key_for(envelope);
+        self.insert(
+            conn,
+            queue,
+            &key,
+            payload,
+            Some(envelope.tenant_id.as_uuid()),
+            run_at,
+            now,
+        )
+        .await
+    }
+
+    /// Queues raw bytes, delivered as they are (the runtime dead-letters them if they do not
+    /// decode). The dedup key is the one in `opts`, else a fresh one: raw bytes have no job id.
+    pub async fn publish_bytes(
+        &self,
+        queue: &QueueName,
+        payload: Vec<u8>,
+        opts: &PublishOptions,
+    ) -> Result<Receipt, QueueError> {
+        let now = self.clock.now();
+        let run_at = now + opts.delay_value().unwrap_or_default();
+        let key = match opts.dedup_key_value() {
+            Some(key) => key.to_owned(),
+            None => JobId::generate().to_string(),
+        };
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| queue_error(queue, "acquire a connection", e))?;
+        self.insert(&mut conn, queue, &key, payload, None, run_at, now)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn insert(
+        &self,
+        conn: &mut PgConnection,
+        queue: &QueueName,
+        key: &str,
+        payload: Vec<u8>,
+        tenant: Option<Uuid>,
+        run_at: SystemTime,
+        now: SystemTime,
+    ) -> Result<Receipt, QueueError> {
+        let id: Option<i64> = sqlx::query_scalar(
+            "insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at) \
+             values ($1, $2, $3, $4, $5, $6) on conflict (queue, dedup_key) do nothing returning id",
+        )
+        .bind(queue.as_str())
+        .bind(key)
+        .bind(payload)
+        .bind(tenant)
+        .bind(timestamp(queue, run_at.max(now))?)
+        .bind(timestamp(queue, now)?)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| queue_error(queue, "insert into core.jobs", e))?;
+        if let Some(id) = id {
+            return Ok(Receipt::queued(Some(id.to_string())));
+        }
+        let pending: Option<i64> =
+            sqlx::query_scalar("select id from core.jobs where queue = $1 and dedup_key = $2")
+                .bind(queue.as_str())
+                .bind(key)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| queue_error(queue, "read core.jobs", e))?;
+        Ok(Receipt::duplicate_of(pending.map(|id| id.to_string())))
+    }
+
+    /// Publishes `jobs` on `queue` with one multi-row insert; the receipts are in the jobs'
+    /// order. A dedup key already pending, or repeated within `jobs`, is a duplicate receipt.
+    pub async fn publish_batch(
+        &self,
+        queue: &QueueName,
+        jobs: &[NewJob],
+    ) -> Result<Vec<Receipt>, QueueError> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| queue_error(queue, "acquire a connection", e))?;
+        self.publish_batch_in(&mut conn, queue, jobs).await
+    }
+
+    /// [`PgQueue::publish_batch`] inside the caller's transaction.
+    pub async fn publish_batch_in(
+        &self,
+        conn: &mut PgConnection,
+        queue: &QueueName,
+        jobs: &[NewJob],
+    ) -> Result<Vec<Receipt>, QueueError> {
+        if jobs.is_empty() {
+            return Ok(vec![]);
+        }
+        let now = self.clock.now();
+        let mut keys = Vec::with_capacity(jobs.len());
+        let mut payloads = Vec::with_capacity(jobs.len());
+        let mut tenants = Vec::with_capacity(jobs.len());
+        let mut run_ats = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            keys.push(job.opts.dedup_key_for(&job.envelope).into_owned());
+            payloads.push(job.envelope.to_json_bytes()?);
+            tenants.push(job.envelope.tenant_id.as_uuid());
+            let run_at = now + job.opts.delay_value().unwrap_or_default();
+            run_ats.push(timestamp(queue, run_at)?);
+        }
+        let inserted: Vec<(i64, String)> = sqlx::query_as(
+            "insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at) \
+             select $1, k, p, t, v, $6 \
+             from unnest($2::text[], $3::bytea[], $4::uuid[], $5::timestamptz[]) as u(k, p, t, v) \
+             on conflict (queue, dedup_key) do nothing returning id, dedup_key",
+        )
+        .bind(queue.as_str())
+        .bind(&keys)
+        .bind(payloads)
+        .bind(tenants)
+        .bind(run_ats)
+        .bind(timestamp(queue, now)?)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| queue_error(queue, "insert a batch into core.jobs", e))?;
+        let mut new: HashMap<String, i64> = inserted.into_iter().map(|(id, k)| (k, id)).collect();
+        let missing: Vec<&String> = keys.iter().filter(|k| !new.contains_key(*k)).collect();
+        let mut pending: HashMap<String, i64> = HashMap::new();
+        if !missing.is_empty() {
+            pending = sqlx::query_as::<_, (String, i64)>(
+                "select dedup_key, id from core.jobs where queue = $1 and dedup_key = any($2)",
+            )
+            .bind(queue.as_str())
+            .bind(missing)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| queue_error(queue, "read core.jobs", e))?
+            .into_iter()
+            .collect();
+        }
+        Ok(keys
+            .iter()
+            .map(|key| match new.remove(key) {
+                Some(id) => {
+                    pending.insert(key.clone(), id);
+                    Receipt::queued(Some(id.to_string()))
+                }
+                None => Receipt::duplicate_of(pending.get(key).map(i64::to_string)),
+            })
+            .collect())
+    }
+
+    /// A listener for the queue's wake-ups, on a connection of its own (made on first use).
+    pub fn wakeups(&self) -> Wakeups {
+        Wakeups {
+            pool: self.pool.clone(),
+            listener: None,
+        }
+    }
+
+    /// Consumes up to `max` ready jobs of `queue` in one transaction, one commit for the batch.
+    ///
+    /// The transaction deletes the jobs' rows (`FOR UPDATE SKIP LOCKED`), claims them all for
+    /// `consumer` in `core.processed_jobs` with one insert, runs `handler` on its connection for
+    /// each job claimed (a job already processed is only acked) and commits. Each job's claim,
+    /// its handler's writes and its ack therefore commit together or not at all.
+    ///
+    /// If a payload does not decode or a handler fails, the whole transaction rolls back and the
+    /// batch's jobs are leased for `lease`, one [`Delivery`] each, in
+    /// [`Batch::fallback`]: hand them to the runtime (`Worker::process`), whose retry policy,
+    /// dead letters and per-job transaction settle them.
+    pub async fn consume_batch(
+        &self,
+        queue: &QueueName,
+        consumer: &ConsumerName,
+        max: usize,
+        lease: Duration,
+        handler: &dyn BatchHandler,
+    ) -> Result<Batch, QueueError> {
+        if max == 0 {
+            return Ok(Batch::default());
+        }
+        let now = self.clock.now();
+        let err = |what: &'static str| move |e| queue_error(queue, what, e);
+        let mut tx = self.pool.begin().await.map_err(err("begin a batch"))?;
+        let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+            "delete from core.jobs where id = any(array( \
+                 select id from core.jobs where queue = $1 and visible_at <= $2 \
+                 order by visible_at, id limit $3 for update skip locked)) \
+             returning id, payload",
+        )
+        .bind(queue.as_str())
+        .bind(timestamp(queue, now)?)
+        .bind(i64::try_from(max).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(err("fetch a batch from core.jobs"))?;
+        if rows.is_empty() {
+            return Ok(Batch::default());
+        }
+        let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
+        let mut envelopes = Vec::with_capacity(rows.len());
+        for (_, payload) in &rows {
+            match Envelope::decode(payload) {
+                Ok(envelope) => envelopes.push(envelope),
+                Err(_) => {
+                    drop(tx);
+                    return self.fallback(queue, &ids, lease).await;
+                }
+            }
+        }
+        let job_ids: Vec<Uuid> = envelopes.iter().map(|e| e.job_id.as_uuid()).collect();
+        let mut claimed: HashSet<Uuid> = sqlx::query_scalar(
+            "insert into core.processed_jobs (job_id, consumer, processed_at) \
+             select unnest($1::uuid[]), $2, $3 on conflict (job_id, consumer) do nothing \
+             returning job_id",
+        )
+        .bind(&job_ids)
+        .bind(consumer.as_str())
+        .bind(timestamp(queue, now)?)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(err("claim a batch in core.processed_jobs"))?
+        .into_iter()
+        .collect();
+        let mut done = 0;
+        for envelope in &envelopes {
+            // A job published twice under two dedup keys runs once.
+            if !claimed.remove(&envelope.job_id.as_uuid()) {
+                continue;
+            }
+            let span = tracing::debug_span!(
+                "job",
+                queue = %queue,
+                consumer = %consumer,
+                job_id = %envelope.job_id,
+                tenant_id = %envelope.tenant_id,
+                correlation_id = %envelope.correlation_id,
+                kind = %envelope.kind,
+            );
+            let conn = tx
+                .acquire()
+                .await
+                .map_err(err("reach the batch's connection"))?;
+            if let Err(e) = handler
+                .handle(conn, envelope)
+                .instrument(span.clone())
+                .await
+            {
+                span.in_scope(|| {
+                    tracing::debug!(error = %e, "handler failed; the batch falls back to one job a transaction");
+                });
+                tx.rollback().await.map_err(err("roll back a batch"))?;
+                return self.fallback(queue, &ids, lease).await;
+            }
+            done += 1;
+        }
+        tx.commit().await.map_err(err("commit a batch"))?;
+        Ok(Batch {
+            done,
+            skipped: rows.len() - done,
+            fallback: vec![],
+        })
+    }
+
+    /// Leases the jobs `ids` still ready, after a batch rolled back.
+    async fn fallback(
+        &self,
+        queue: &QueueName,
+        ids: &[i64],
+        lease: Duration,
+    ) -> Result<Batch, QueueError> {
+        let now = self.clock.now();
+        let rows = sqlx::query(
+            "update core.jobs j set leased = true, visible_at = $3, \
+                 deliveries = j.deliveries + 1, lease_gen = j.lease_gen + 1 \
+             from (select id from core.jobs where id = any($1) and visible_at <= $2 \
+                   for update skip locked) as c \
+             where j.id = c.id \
+             returning j.id, j.payload, j.deliveries, j.lease_gen, j.visible_at",
+        )
+        .bind(ids)
+        .bind(timestamp(queue, now)?)
+        .bind(timestamp(queue, now + lease)?)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| queue_error(queue, "lease a fallen-back batch", e))?;
+        Ok(Batch {
+            done: 0,
+            skipped: 0,
+            fallback: deliveries(queue, rows)?,
+        })
+    }
+
+    async fn settle(
+        &self,
+        lease: &Lease,
+        sql: &'static str,
+        at: Option<SystemTime>,
+    ) -> Result<(), QueueError> {
+        let queue = lease.queue();
+        let (id, generation) = parse_token(lease.token()).ok_or_else(|| lost(queue))?;
+        let mut query = sqlx::query(sql)
+            .bind(id)
+            .bind(generation)
+            .bind(timestamp(queue, self.clock.now())?);
+        if let Some(at) = at {
+            query = query.bind(timestamp(queue, at)?);
+        }
+        let done = query
+            .execute(&self.pool)
+            .await
+            .map_err(|e| queue_error(queue, "settle a job in core.jobs", e))?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(lost(queue))
+        }
+    }
+}
+
+/// The guard of every settlement: this delivery's generation, leased, lease not expired.
+macro_rules! fenced {
+    ($head:literal) => {
+        concat!(
+            $head,
+            " where id = $1 and lease_gen = $2 and leased and visible_at > $3"
+        )
+    };
+}
+
+fn lost(queue: &QueueName) -> QueueError {
+    QueueError::LeaseLost {
+        queue: queue.clone(),
+    }
+}
+
+fn token(id: i64, generation: i64) -> String {
+    format!("{id}.{generation}")
+}
+
+fn parse_token(token: &str) -> Option<(i64, i64)> {
+    let (id, generation) = token.split_once('.')?;
+    Some((id.parse().ok()?, generation.parse().ok()?))
+}
+
+fn deliveries(queue: &QueueName, rows: Vec<PgRow>) -> Result<Vec<Delivery>, QueueError> {
+    let corrupt = |e: sqlx::Error| queue_error(queue, "read a leased row", e);
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let id: i64 = row.try_get(0).map_err(corrupt)?;
+        let payload: Vec<u8> = row.try_get(1).map_err(corrupt)?;
+        let attempt: i32 = row.try_get(2).map_err(corrupt)?;
+        let generation: i64 = row.try_get(3).map_err(corrupt)?;
+        let expires: DateTime<Utc> = row.try_get(4).map_err(corrupt)?;
+        let expires_at = from_timestamp(expires).map_err(|e| QueueError::Rejected {
+            queue: queue.clone(),
+            reason: e.to_string(),
+        })?;
+        out.push((
+            id,
+            Delivery::new(
+                payload,
+                u32::try_from(attempt).unwrap_or(0),
+                Some(id.to_string()),
+                Lease::new(queue.clone(), token(id, generation), expires_at),
+            ),
+        ));
+    }
+    // In insertion order, which is also the fetch order among rows due at the same time.
+    out.sort_by_key(|(id, _)| *id);
+    Ok(out.into_iter().map(|(_, d)| d).collect())
+}
+
+#[async_trait]
+impl QueuePort for PgQueue {
+    async fn publish(
+        &self,
+        queue: &QueueName,
+        envelope: &Envelope,
+        opts: PublishOptions,
+    ) -> Result<Receipt, QueueError> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| queue_error(queue, "acquire a connection", e))?;
+        self.publish_in(&mut conn, queue, envelope, opts).await
+    }
+
+    async fn schedule(
+        &self,
+        queue: &QueueName,
+        envelope: &Envelope,
+        run_at: SystemTime,
+    ) -> Result<Receipt, QueueError> {
+        let payload = envelope.to_json_bytes()?;
+        let now = self.clock.now();
+        let key = envelope.job_id.to_string();
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| queue_error(queue, "acquire a connection", e))?;
+        self.insert(
+            &mut conn,
+            queue,
+            &key,
+            payload,
+            Some(envelope.tenant_id.as_uuid()),
+            run_at,
+            now,
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl ConsumerPort for PgQueue {
+    /// One statement: the oldest ready rows, skipping those another receiver holds locked, are
+    /// leased (a new fencing generation, one delivery more) and returned.
+    async fn receive(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        if max == 0 {
+            return Ok(vec![]);
+        }
+        let now = self.clock.now();
+        let rows = sqlx::query(
+            "update core.jobs j set leased = true, visible_at = $3, \
+                 deliveries = j.deliveries + 1, lease_gen = j.lease_gen + 1 \
+             from (select id from core.jobs where queue = $1 and visible_at <= $2 \
+                   order by visible_at, id limit $4 for update skip locked) as c \
+             where j.id = c.id \
+             returning j.id, j.payload, j.deliveries, j.lease_gen, j.visible_at",
+        )
+        .bind(queue.as_str())
+        .bind(timestamp(queue, now)?)
+        .bind(timestamp(queue, now + lease)?)
+        .bind(i64::try_from(max).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| queue_error(queue, "lease jobs from core.jobs", e))?;
+        deliveries(queue, rows)
+    }
+
+    /// Deletes the row, if this lease still holds it.
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+        self.settle(lease, fenced!("delete from core.jobs"), None)
+            .await
+    }
+
+    async fn retry_at(&self, lease: &Lease, at: SystemTime) -> Result<(), QueueError> {
+        self.settle(
+            lease,
+            fenced!("update core.jobs set leased = false, visible_at = $4"),
+            Some(at),
+        )
+        .await
+    }
+
+    /// Gives the delivery's attempt back, so the next one carries the same number.
+    async fn defer(&self, lease: &Lease, until: SystemTime) -> Result<(), QueueError> {
+        self.settle(
+            lease,
+            fenced!(
+                "update core.jobs set leased = false, visible_at = $4, \
+                 deliveries = greatest(deliveries - 1, 0)"
+            ),
+            Some(until),
+        )
+        .await
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
+        let until = self.clock.now() + by;
+        self.settle(
+            lease,
+            fenced!("update core.jobs set visible_at = $4"),
+            Some(until),
+        )
+        .await?;
+        Ok(Lease::new(
+            lease.queue().clone(),
+            lease.token().to_owned(),
+            until,
+        ))
+    }
+}
+
+#[async_trait]
+impl QueueDepth for PgQueue {
+    /// A lease that expired counts as ready: the row is deliverable again.
+    async fn depth(&self, queue: &QueueName) -> Result<Depth, QueueError> {
+        let (ready, delayed, in_flight): (i64, i64, i64) = sqlx::query_as(
+            "select count(*) filter (where visible_at <= $2), \
+                    count(*) filter (where not leased and visible_at > $2), \
+                    count(*) filter (where leased and visible_at > $2) \
+             from core.jobs where queue = $1",
+        )
+        .bind(queue.as_str())
+        .bind(timestamp(queue, self.clock.now())?)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| queue_error(queue, "count core.jobs", e))?;
+        let n = |c: i64| u64::try_from(c).unwrap_or(0);
+        Ok(Depth::new(n(ready), n(delayed), n(in_flight)))
+    }
+}
+
+/// What [`PgQueue::consume_batch`] did.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Batch {
+    /// Jobs whose handler ran and committed with their claim and ack.
+    pub done: usize,
+    /// Jobs acked without running: already processed (or a second copy within the batch).
+    pub skipped: usize,
+    /// After a rollback, the batch's jobs leased one by one, for the runtime to process.
+    pub fallback: Vec<Delivery>,
+}
+
+/// The error a [`BatchHandler`] fails with; any failure falls the batch back to the runtime.
+pub type BatchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A handler for [`PgQueue::consume_batch`]: runs one job on the batch transaction's
+/// connection. Its writes commit with the job's claim and ack, or roll back with the batch.
+#[async_trait]
+pub trait BatchHandler: Send + Sync {
+    /// Does the job's work through `conn`. An error rolls the whole batch back.
+    async fn handle(&self, conn: &mut PgConnection, envelope: &Envelope) -> Result<(), BatchError>;
+}
+
+/// How a [`Wakeups::wait`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// A job was inserted into the queue (and committed).
+    Notified,
+    /// The fallback elapsed first: poll anyway (delays and retries fall due without a
+    /// notification).
+    Polled,
+}
+
+/// LISTEN on `core_jobs`, with polling as the fallback: a worker loop awaits
+/// [`Wakeups::wait`] when a receive came back empty.
+///
+/// Notifications that arrive between two waits are kept by the connection, so a job
+/// published just after an empty receive still wakes the next wait.
+pub struct Wakeups {
+    pool: PgPool,
+    listener: Option<PgListener>,
+}
+
+impl fmt::Debug for Wakeups {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wakeups")
+            .field("listening", &self.listener.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Wakeups {
+    /// Starts listening now, so that notifications sent from here on are kept for the next
+    /// [`Wakeups::wait`]. Fails only if no connection can be made.
+    pub async fn listen(&mut self) -> Result<(), sqlx::Error> {
+        if self.listener.is_none() {
+            let mut listener = PgListener::connect_with(&self.pool).await?;
+            listener.listen(CHANNEL).await?;
+            self.listener = Some(listener);
+        }
+        Ok(())
+    }
+
+    /// Waits until a job is inserted into `queue` or `fallback` elapses. A broken listener
+    /// connection is reconnected on the next call; meanwhile the wait is a plain sleep.
+    pub async fn wait(&mut self, queue: &QueueName, fallback: Duration) -> Wake {
+        let deadline = tokio::time::Instant::now() + fallback;
+        loop {
+            if let Err(e) = self.listen().await {
+                tracing::warn!(error = %e, "LISTEN failed; polling");
+                tokio::time::sleep_until(deadline).await;
+                return Wake::Polled;
+            }
+            let Some(listener) = self.listener.as_mut() else {
+                return Wake::Polled;
+            };
+            match tokio::time::timeout_at(deadline, listener.try_recv()).await {
+                Err(_) => return Wake::Polled,
+                Ok(Ok(Some(note))) if note.payload() == queue.as_str() => return Wake::Notified,
+                Ok(Ok(Some(_))) => {}
+                // The connection dropped: notifications may be lost, so poll now.
+                Ok(Ok(None)) => return Wake::Polled,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "listener failed; reconnecting");
+                    self.listener = None;
+                    return Wake::Polled;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip_and_refuse_garbage() {
+        assert_eq!(parse_token(&token(42, 7)), Some((42, 7)));
+        for bad in ["", "42", "42.", ".7", "a.b", "42.7.1"] {
+            assert_eq!(parse_token(bad), None, "{bad:?}");
+        }
+    }
+}

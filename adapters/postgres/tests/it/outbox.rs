@@ -1,0 +1,225 @@
+//! The transactional outbox on a real PostgreSQL: a job exists iff the business write commits,
+//! and the relay delivers each job once downstream even when killed mid-batch or doubled.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use jobs_adapter_postgres::{Outbox, OutboxRelay, sqlx};
+use jobs_core::{Envelope, JobId, PublishOptions, QueueError, QueueName, QueuePort, Receipt};
+use jobs_testkit::fixtures;
+use sqlx::PgPool;
+
+use crate::db::with_databases;
+
+/// A downstream transport that deduplicates by key (as Vercel Queues and QStash do), counts
+/// what it accepted, and can hang after a number of publishes, like a relay's process dying
+/// mid-batch.
+#[derive(Default)]
+struct Downstream {
+    seen: Mutex<HashMap<String, JobId>>,
+    accepted: Mutex<Vec<JobId>>,
+    calls: AtomicUsize,
+    hang_after: Mutex<Option<usize>>,
+    hanging: AtomicBool,
+}
+
+#[async_trait]
+impl QueuePort for Downstream {
+    async fn publish(
+        &self,
+        _queue: &QueueName,
+        envelope: &Envelope,
+        opts: PublishOptions,
+    ) -> Result<Receipt, QueueError> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        let hang_after = *self.seen_lock(&self.hang_after);
+        if hang_after.is_some_and(|n| call >= n) {
+            self.hanging.store(true, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
+        let key = opts.dedup_key_for(envelope).into_owned();
+        let mut seen = self.seen_lock(&self.seen);
+        if seen.contains_key(&key) {
+            return Ok(Receipt::duplicate_of(Some(key)));
+        }
+        seen.insert(key.clone(), envelope.job_id);
+        self.seen_lock(&self.accepted).push(envelope.job_id);
+        Ok(Receipt::queued(Some(key)))
+    }
+
+    async fn schedule(
+        &self,
+        queue: &QueueName,
+        envelope: &Envelope,
+        _run_at: SystemTime,
+    ) -> Result<Receipt, QueueError> {
+        self.publish(queue, envelope, PublishOptions::default())
+            .await
+    }
+}
+
+impl Downstream {
+    fn seen_lock<'a, T>(&self, m: &'a Mutex<T>) -> std::sync::MutexGuard<'a, T> {
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn accepted(&self) -> Vec<JobId> {
+        self.seen_lock(&self.accepted).clone()
+    }
+}
+
+fn queue() -> QueueName {
+    "outbox.jobs".parse().expect("valid")
+}
+
+async fn outbox_rows(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("select count(*) from core.outbox")
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+/// Writes `n` jobs for two tenants through the outbox, each in a committed transaction with a
+/// business row; returns them in commit order.
+async fn commit_jobs(pool: &PgPool, n: u64) -> Vec<Envelope> {
+    let outbox = Outbox::new();
+    let mut jobs = vec![];
+    for i in 0..n {
+        let envelope = fixtures::envelope(1 + u32::from(i % 2 == 1), i);
+        let mut tx = pool.begin().await.expect("begin");
+        sqlx::query("insert into orders (job_id) values ($1)")
+            .bind(envelope.job_id.as_uuid())
+            .execute(&mut *tx)
+            .await
+            .expect("the business write");
+        outbox
+            .publish_in(&mut tx, &queue(), &envelope, PublishOptions::default())
+            .await
+            .expect("publish in the transaction");
+        tx.commit().await.expect("commit");
+        jobs.push(envelope);
+    }
+    jobs
+}
+
+async fn orders_table(pool: &PgPool) {
+    sqlx::query("create table orders (job_id uuid primary key)")
+        .execute(pool)
+        .await
+        .expect("create orders");
+}
+
+#[tokio::test]
+async fn a_rolled_back_business_write_leaves_no_job() {
+    with_databases(|dbs| async move {
+        let pool = dbs.store().await.pool().clone();
+        orders_table(&pool).await;
+        let mut tx = pool.begin().await.expect("begin");
+        sqlx::query("insert into orders (job_id) values ($1)")
+            .bind(JobId::generate().as_uuid())
+            .execute(&mut *tx)
+            .await
+            .expect("the business write");
+        Outbox::new()
+            .publish_in(
+                &mut tx,
+                &queue(),
+                &fixtures::envelope(1, 1),
+                PublishOptions::default(),
+            )
+            .await
+            .expect("publish in the transaction");
+        tx.rollback().await.expect("roll back");
+        assert_eq!(outbox_rows(&pool).await, 0, "the job outlived its rollback");
+
+        let downstream = Arc::new(Downstream::default());
+        let relay = OutboxRelay::new(pool.clone(), downstream.clone());
+        assert_eq!(relay.relay_once(10).await.expect("relay"), 0);
+        assert!(downstream.accepted().is_empty());
+
+        let jobs = commit_jobs(&pool, 3).await;
+        assert_eq!(relay.relay_once(10).await.expect("relay"), 3);
+        let sent: Vec<JobId> = jobs.iter().map(|e| e.job_id).collect();
+        assert_eq!(downstream.accepted(), sent, "the committed jobs, in order");
+        assert_eq!(outbox_rows(&pool).await, 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_mid_batch_and_restarted_delivers_each_job_once() {
+    with_databases(|dbs| async move {
+        let pool = dbs.store().await.pool().clone();
+        orders_table(&pool).await;
+        let jobs = commit_jobs(&pool, 20).await;
+        let downstream = Arc::new(Downstream::default());
+        *downstream.seen_lock(&downstream.hang_after) = Some(7);
+        let relay = OutboxRelay::new(pool.clone(), downstream.clone());
+
+        let doomed = tokio::spawn({
+            let relay = relay.clone();
+            async move { relay.relay_once(50).await }
+        });
+        while !downstream.hanging.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        doomed.abort();
+        assert!(doomed.await.is_err_and(|e| e.is_cancelled()));
+        assert_eq!(downstream.accepted().len(), 7, "forwarded before the kill");
+        assert_eq!(
+            outbox_rows(&pool).await,
+            20,
+            "the killed relay committed nothing"
+        );
+
+        *downstream.seen_lock(&downstream.hang_after) = None;
+        let restarted = OutboxRelay::new(pool.clone(), downstream.clone());
+        let mut moved = 0;
+        loop {
+            let n = restarted.relay_once(6).await.expect("relay");
+            if n == 0 {
+                break;
+            }
+            moved += n;
+        }
+        assert_eq!(moved, 20);
+        let sent: Vec<JobId> = jobs.iter().map(|e| e.job_id).collect();
+        assert_eq!(
+            downstream.accepted(),
+            sent,
+            "each job accepted once downstream, in commit order"
+        );
+        assert_eq!(outbox_rows(&pool).await, 0);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_at_once_forward_each_job_once_in_order() {
+    with_databases(|dbs| async move {
+        let pool = dbs.store().await.pool().clone();
+        orders_table(&pool).await;
+        let jobs = commit_jobs(&pool, 40).await;
+        let downstream = Arc::new(Downstream::default());
+        let relays: Vec<_> = (0..2)
+            .map(|_| {
+                let relay = OutboxRelay::new(pool.clone(), downstream.clone());
+                tokio::spawn(async move { while relay.relay_once(5).await.expect("relay") > 0 {} })
+            })
+            .collect();
+        for relay in relays {
+            relay.await.expect("a relay");
+        }
+        let sent: Vec<JobId> = jobs.iter().map(|e| e.job_id).collect();
+        assert_eq!(downstream.accepted(), sent);
+        assert_eq!(
+            downstream.calls.load(Ordering::SeqCst),
+            40,
+            "a row was forwarded twice"
+        );
+    })
+    .await;
+}

@@ -1,0 +1,468 @@
+//! `PgQueue` against a real PostgreSQL: the queue contract suite, the model-based property
+//! tests of the runtime (PostgreSQL as both transport and store), and what only this queue
+//! has (fencing after a takeover, batch publish, batched consumption, wake-ups, publishing in
+//! the caller's transaction).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jobs_adapter_postgres::{
+    BatchError, BatchHandler, NewJob, PgQueue, PgStore, PgWorkTx, Wake, sqlx,
+};
+use jobs_core::{
+    ConsumerName, ConsumerPort, Envelope, ManualClock, PublishOptions, QueueDepth, QueueError,
+    QueueName, QueuePort, StoreError,
+};
+use jobs_testkit::contract::queue::{self, QueueUnderTest};
+use jobs_testkit::fixtures;
+use jobs_testkit::model::{self, Backend, BoxFuture, Transport};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgConnection, PgPool};
+
+use crate::db::{Databases, with_databases};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn name(s: &str) -> QueueName {
+    s.parse().expect("a valid queue name")
+}
+
+fn consumer() -> ConsumerName {
+    "test.batch".parse().expect("a valid consumer name")
+}
+
+/// A queue on a fresh migrated database, on a manual clock.
+async fn queue(dbs: &Databases) -> (PgQueue, ManualClock) {
+    let store = dbs.store().await;
+    let clock = ManualClock::default();
+    let queue = PgQueue::new(store.pool().clone()).with_clock(Arc::new(clock.clone()));
+    (queue, clock)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_queue_passes_the_queue_contract() {
+    with_databases(|dbs| async move {
+        let pool = dbs.store().await.pool().clone();
+        queue::run(|| {
+            let pool = pool.clone();
+            async move {
+                // One database, emptied for each check.
+                sqlx::query("truncate core.jobs")
+                    .execute(&pool)
+                    .await
+                    .expect("empty core.jobs");
+                let clock = ManualClock::default();
+                let queue = PgQueue::new(pool).with_clock(Arc::new(clock.clone()));
+                QueueUnderTest {
+                    publisher: Arc::new(queue.clone()),
+                    consumer: Arc::new(queue.clone()),
+                    depth: Some(Arc::new(queue)),
+                    time: Arc::new(clock),
+                }
+            }
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_stale_lease_can_settle_nothing_once_another_worker_holds_the_job() {
+    with_databases(|dbs| async move {
+        let (queue, clock) = queue(&dbs).await;
+        let q = name("fence.jobs");
+        queue
+            .publish(&q, &fixtures::envelope(1, 1), PublishOptions::default())
+            .await
+            .expect("publish");
+        let first = queue
+            .receive(&q, 1, LEASE)
+            .await
+            .expect("receive")
+            .remove(0);
+        clock.advance(LEASE + Duration::from_secs(1));
+        // Expired but not yet taken over: already refused.
+        assert!(matches!(
+            queue.ack(&first.lease).await,
+            Err(QueueError::LeaseLost { .. })
+        ));
+        let second = queue
+            .receive(&q, 1, LEASE)
+            .await
+            .expect("receive")
+            .remove(0);
+        assert_eq!(second.attempt, 2);
+        let now = jobs_core::Clock::now(&clock);
+        for (what, result) in [
+            ("ack", queue.ack(&first.lease).await),
+            ("retry_at", queue.retry_at(&first.lease, now).await),
+            ("defer", queue.defer(&first.lease, now).await),
+            ("extend", queue.extend(&first.lease, LEASE).await.map(drop)),
+        ] {
+            assert!(
+                matches!(result, Err(QueueError::LeaseLost { .. })),
+                "{what} with the stale lease: {result:?}"
+            );
+        }
+        assert_eq!(
+            queue.depth(&q).await.expect("depth").in_flight,
+            1,
+            "the stale worker moved the job"
+        );
+        queue.ack(&second.lease).await.expect("the holder acks");
+        assert_eq!(queue.depth(&q).await.expect("depth").total(), 0);
+        let rows: i64 = sqlx::query_scalar("select count(*) from core.jobs")
+            .fetch_one(queue.pool())
+            .await
+            .expect("count");
+        assert_eq!(rows, 0, "an acked job is deleted");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn batch_publish_inserts_once_per_pending_key() {
+    with_databases(|dbs| async move {
+        let (queue, _clock) = queue(&dbs).await;
+        let q = name("batch.jobs");
+        let pending = fixtures::envelope(1, 0);
+        queue
+            .publish(&q, &pending, PublishOptions::default())
+            .await
+            .expect("publish");
+        let mut jobs: Vec<NewJob> = (1..=5)
+            .map(|n| NewJob {
+                envelope: fixtures::envelope(1, n),
+                opts: PublishOptions::default(),
+            })
+            .collect();
+        jobs.push(NewJob {
+            envelope: pending,
+            opts: PublishOptions::default(),
+        });
+        jobs.push(jobs[2].clone());
+        let receipts = queue
+            .publish_batch(&q, &jobs)
+            .await
+            .expect("publish a batch");
+        let duplicates: Vec<bool> = receipts.iter().map(|r| r.duplicate).collect();
+        assert_eq!(
+            duplicates,
+            [false, false, false, false, false, true, true],
+            "{receipts:?}"
+        );
+        assert_eq!(
+            receipts[6].message_id, receipts[2].message_id,
+            "a repeat within the batch names the first"
+        );
+        assert_eq!(queue.depth(&q).await.expect("depth").ready, 6);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn publishing_in_a_rolled_back_transaction_leaves_no_job() {
+    with_databases(|dbs| async move {
+        let (queue, _clock) = queue(&dbs).await;
+        let q = name("tx.jobs");
+        let mut tx = queue.pool().begin().await.expect("begin");
+        queue
+            .publish_in(
+                &mut tx,
+                &q,
+                &fixtures::envelope(1, 1),
+                PublishOptions::default(),
+            )
+            .await
+            .expect("publish in the transaction");
+        tx.rollback().await.expect("roll back");
+        assert_eq!(queue.depth(&q).await.expect("depth").total(), 0);
+        let mut tx = queue.pool().begin().await.expect("begin");
+        queue
+            .publish_in(
+                &mut tx,
+                &q,
+                &fixtures::envelope(1, 2),
+                PublishOptions::default(),
+            )
+            .await
+            .expect("publish in the transaction");
+        assert_eq!(
+            queue.depth(&q).await.expect("depth").total(),
+            0,
+            "visible before the commit"
+        );
+        tx.commit().await.expect("commit");
+        assert_eq!(queue.depth(&q).await.expect("depth").ready, 1);
+    })
+    .await;
+}
+
+/// Writes one row per job into `effects`, failing for the job whose `n` is `fail_on`.
+struct WriteEffect {
+    fail_on: Option<u64>,
+}
+
+#[async_trait]
+impl BatchHandler for WriteEffect {
+    async fn handle(&self, conn: &mut PgConnection, envelope: &Envelope) -> Result<(), BatchError> {
+        let n = envelope.data["n"].as_u64().ok_or("no n")?;
+        sqlx::query("insert into effects (job_id) values ($1)")
+            .bind(envelope.job_id.as_uuid())
+            .execute(&mut *conn)
+            .await?;
+        if Some(n) == self.fail_on {
+            return Err(format!("job {n} fails").into());
+        }
+        Ok(())
+    }
+}
+
+async fn count(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("select count(*) from {table}"))
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+#[tokio::test]
+async fn a_batch_commits_every_job_with_its_claim_and_ack_or_none() {
+    with_databases(|dbs| async move {
+        let (queue, _clock) = queue(&dbs).await;
+        let pool = queue.pool().clone();
+        sqlx::query("create table effects (job_id uuid not null)")
+            .execute(&pool)
+            .await
+            .expect("create effects");
+        let q = name("batch.consume");
+        let jobs: Vec<NewJob> = (0..10)
+            .map(|n| NewJob {
+                envelope: fixtures::envelope(1, n),
+                opts: PublishOptions::default(),
+            })
+            .collect();
+        queue.publish_batch(&q, &jobs).await.expect("publish");
+
+        let failing = WriteEffect { fail_on: Some(6) };
+        let batch = queue
+            .consume_batch(&q, &consumer(), 100, LEASE, &failing)
+            .await
+            .expect("consume");
+        assert_eq!((batch.done, batch.fallback.len()), (0, 10));
+        assert_eq!(
+            count(&pool, "effects").await,
+            0,
+            "a failed batch left effects"
+        );
+        assert_eq!(
+            count(&pool, "core.processed_jobs").await,
+            0,
+            "a failed batch left claims"
+        );
+        assert!(batch.fallback.iter().all(|d| d.attempt == 1));
+        // The fallback deliveries are leased: settle them as the runtime would, for a retry.
+        for delivery in &batch.fallback {
+            queue
+                .retry_at(&delivery.lease, delivery.lease.expires_at() - LEASE)
+                .await
+                .expect("release for a retry");
+        }
+
+        // A job already processed by this consumer is acked without running.
+        let mut tx = pool.begin().await.expect("begin");
+        sqlx::query(
+            "insert into core.processed_jobs (job_id, consumer, processed_at) \
+             values ($1, $2, now())",
+        )
+        .bind(jobs[3].envelope.job_id.as_uuid())
+        .bind(consumer().as_str())
+        .execute(&mut *tx)
+        .await
+        .expect("claim one job beforehand");
+        tx.commit().await.expect("commit");
+
+        let ok = WriteEffect { fail_on: None };
+        let batch = queue
+            .consume_batch(&q, &consumer(), 100, LEASE, &ok)
+            .await
+            .expect("consume");
+        assert_eq!((batch.done, batch.skipped), (9, 1));
+        assert!(batch.fallback.is_empty());
+        assert_eq!(count(&pool, "effects").await, 9);
+        assert_eq!(count(&pool, "core.processed_jobs").await, 10);
+        assert_eq!(
+            count(&pool, "core.jobs").await,
+            0,
+            "the batch acked every job"
+        );
+        let again = queue
+            .consume_batch(&q, &consumer(), 100, LEASE, &ok)
+            .await
+            .expect("consume");
+        assert_eq!((again.done, again.skipped), (0, 0));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn wakeups_report_inserts_on_their_queue_and_poll_otherwise() {
+    with_databases(|dbs| async move {
+        let (queue, _clock) = queue(&dbs).await;
+        let q = name("wake.jobs");
+        let other = name("wake.other");
+        let mut wakeups = queue.wakeups();
+        wakeups.listen().await.expect("listen");
+        queue
+            .publish(&other, &fixtures::envelope(1, 1), PublishOptions::default())
+            .await
+            .expect("publish");
+        assert_eq!(
+            wakeups.wait(&q, Duration::from_millis(50)).await,
+            Wake::Polled,
+            "woken by another queue"
+        );
+        queue
+            .publish(&q, &fixtures::envelope(1, 2), PublishOptions::default())
+            .await
+            .expect("publish");
+        // The notification arrived before the wait: it is kept, not missed.
+        assert_eq!(
+            wakeups.wait(&q, Duration::from_secs(30)).await,
+            Wake::Notified
+        );
+        let mut tx = queue.pool().begin().await.expect("begin");
+        queue
+            .publish_in(
+                &mut tx,
+                &q,
+                &fixtures::envelope(1, 3),
+                PublishOptions::default(),
+            )
+            .await
+            .expect("publish");
+        tx.rollback().await.expect("roll back");
+        assert_eq!(
+            wakeups.wait(&q, Duration::from_millis(50)).await,
+            Wake::Polled,
+            "a rolled back insert woke the listener"
+        );
+    })
+    .await;
+}
+
+fn write_effect(tx: &mut PgWorkTx, key: String) -> BoxFuture<'_, Result<(), StoreError>> {
+    Box::pin(async move {
+        sqlx::query("insert into model_effects (key) values ($1)")
+            .bind(key)
+            .execute(tx.conn())
+            .await
+            .map(drop)
+            .map_err(|e| StoreError::Unavailable {
+                message: "insert the effect".into(),
+                source: Some(Box::new(e)),
+            })
+    })
+}
+
+/// The runtime's invariants with PostgreSQL as transport and store, at a small case count
+/// (`PROPTEST_CASES` raises it).
+#[test]
+fn the_runtime_keeps_every_invariant_on_the_pg_queue() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (dbs, options) = runtime.block_on(async {
+        let dbs = Databases::connect().await;
+        let options = dbs.create().await;
+        let pool = PgPool::connect_with(options.clone())
+            .await
+            .expect("connect");
+        PgStore::from_pool(pool.clone())
+            .migrate()
+            .await
+            .expect("migrate");
+        sqlx::query("create table model_effects (key text not null)")
+            .execute(&pool)
+            .await
+            .expect("create the effects table");
+        pool.close().await;
+        (dbs, options)
+    });
+    let setup = move || {
+        let options = options.clone();
+        async move {
+            // Each case runs in its own async runtime, so it gets its own pools: one for
+            // the store, whose work transactions stay open while the handler reads the
+            // effects, and one for the queue, which settles while they are open.
+            let connect = |max| {
+                PgPoolOptions::new()
+                    .max_connections(max)
+                    .connect_with(options.clone())
+            };
+            let pool = connect(16).await.expect("connect");
+            let queue_pool = connect(4).await.expect("connect");
+            sqlx::query(
+                "truncate core.jobs, core.processed_jobs, core.dead_letters, model_effects",
+            )
+            .execute(&pool)
+            .await
+            .expect("empty the tables");
+            let clock = ManualClock::default();
+            let queue = PgQueue::new(queue_pool).with_clock(Arc::new(clock.clone()));
+            let effects_pool = pool.clone();
+            let inject_clock = clock.clone();
+            (
+                Backend {
+                    store: PgStore::from_pool(pool),
+                    write_effect,
+                    effects: Arc::new(move || {
+                        let pool = effects_pool.clone();
+                        Box::pin(async move {
+                            sqlx::query_scalar("select key from model_effects")
+                                .fetch_all(&pool)
+                                .await
+                                .expect("read the effects")
+                        })
+                    }),
+                },
+                Transport {
+                    publisher: Arc::new(queue.clone()),
+                    consumer: Arc::new(queue.clone()),
+                    depth: Arc::new(queue),
+                    // The model injects synchronously: publish on a connection of a
+                    // runtime of its own, on another thread, and wait for it.
+                    inject: Arc::new(move |name, bytes| {
+                        let (options, clock, name) =
+                            (options.clone(), inject_clock.clone(), name.clone());
+                        std::thread::spawn(move || {
+                            tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .expect("a runtime")
+                                .block_on(async move {
+                                    let pool = PgPoolOptions::new()
+                                        .max_connections(1)
+                                        .connect_with(options)
+                                        .await
+                                        .expect("connect");
+                                    PgQueue::new(pool.clone())
+                                        .with_clock(Arc::new(clock))
+                                        .publish_bytes(&name, bytes, &PublishOptions::default())
+                                        .await
+                                        .expect("inject");
+                                    pool.close().await;
+                                });
+                        })
+                        .join()
+                        .expect("the inject thread");
+                    }),
+                    clock,
+                },
+            )
+        }
+    };
+    model::check_invariants(model::cases(8), setup);
+    runtime.block_on(dbs.drop_all());
+}

@@ -1,0 +1,326 @@
+//! The PostgreSQL queue (ADR 0011): publishing no-op jobs in batches and draining them with
+//! idempotent consumption (`PgQueue::consume_batch`: the batch's claims in
+//! `core.processed_jobs`, the no-op handler and the acks in one transaction) at concurrency
+//! 1, 4, 16, next to raw SQL of the same work measured in the same run: a multi-row insert into
+//! a plain table with the same dedup key, and a `FOR UPDATE SKIP LOCKED` fetch-and-delete plus the `processed_jobs`
+//! insert in one transaction per batch of the same size.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use async_trait::async_trait;
+use jobs_adapter_postgres::{BatchError, BatchHandler, NewJob, PgQueue, PgStore};
+use jobs_core::{ConsumerName, Envelope, PublishOptions, QueueName};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::types::Uuid;
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+
+const CONCURRENCY: [usize; 3] = [1, 4, 16];
+
+/// Jobs per publish and per fetch, on both sides.
+const BATCH: usize = 100;
+
+/// Jobs per multi-row insert when publishing.
+const PUBLISH_BATCH: usize = 1_000;
+
+const QUEUE: &str = "bench.pg_queue";
+const CONSUMER: &str = "bench.consumer";
+
+pub(crate) fn run(jobs: Option<&str>) -> Result<()> {
+    let jobs: u64 = match jobs {
+        Some(n) => n.parse().context("the job count must be a number")?,
+        None => std::env::var("JOBS_BENCH_PG_QUEUE_JOBS")
+            .ok()
+            .map(|n| n.parse())
+            .transpose()
+            .context("JOBS_BENCH_PG_QUEUE_JOBS must be a number")?
+            .unwrap_or(100_000),
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(bench(jobs))
+}
+
+async fn bench(jobs: u64) -> Result<()> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let server = PgConnectOptions::from_str(&url)?.disable_statement_logging();
+    let name = format!("jobs_bench_pgq_{}", std::process::id());
+    let mut admin = PgConnection::connect_with(&server)
+        .await
+        .context("connecting to PostgreSQL")?;
+    sqlx::query(&format!("create database \"{name}\""))
+        .execute(&mut admin)
+        .await?;
+    let options = server.clone().database(&name);
+    let result = compare(&options, jobs).await;
+    sqlx::query(&format!("drop database if exists \"{name}\" with (force)"))
+        .execute(&mut admin)
+        .await?;
+    result
+}
+
+async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
+    println!(
+        "PostgreSQL queue, {jobs} no-op jobs per run, publish batches of {PUBLISH_BATCH}, \
+         fetch batches of {BATCH}, idempotent consumption (processed_jobs claim per job)"
+    );
+    println!(
+        "{:>11}  {:>14}  {:>14}  {:>6}  {:>14}  {:>14}  {:>6}",
+        "concurrency",
+        "raw enqueue/s",
+        "queue enqueue/s",
+        "ratio",
+        "raw drain/s",
+        "queue drain/s",
+        "ratio"
+    );
+    let envelopes = envelopes(jobs)?;
+    for concurrency in CONCURRENCY {
+        let pool = PgPoolOptions::new()
+            .max_connections(u32::try_from(concurrency)? + 1)
+            .connect_with(options.clone())
+            .await?;
+        PgStore::from_pool(pool.clone()).migrate().await?;
+        sqlx::query(
+            "create table if not exists raw_jobs (id bigint generated always as identity \
+             primary key, queue text not null, job_id uuid not null, payload bytea not null, \
+             run_at timestamptz not null, unique (queue, job_id))",
+        )
+        .execute(&pool)
+        .await?;
+        sqlx::query("create index if not exists raw_jobs_ready on raw_jobs (queue, run_at, id)")
+            .execute(&pool)
+            .await?;
+        let queue = PgQueue::new(pool.clone());
+        // Warm the caches and the pool's connections before anything is timed.
+        let warm = &envelopes[..envelopes.len().min(2_000)];
+        raw_enqueue(&pool, warm, concurrency).await?;
+        raw_drain(&pool, concurrency, warm.len() as u64).await?;
+        queue_enqueue(&queue, warm, concurrency).await?;
+        queue_drain(&queue, concurrency, warm.len() as u64).await?;
+        reset(&pool).await?;
+
+        let raw_in = raw_enqueue(&pool, &envelopes, concurrency).await?;
+        let raw_out = raw_drain(&pool, concurrency, jobs).await?;
+        let (processed,): (i64,) = sqlx::query_as("select count(*) from core.processed_jobs")
+            .fetch_one(&pool)
+            .await?;
+        anyhow::ensure!(
+            processed == i64::try_from(jobs)?,
+            "the baseline claimed {processed}"
+        );
+        reset(&pool).await?;
+        let queue_in = queue_enqueue(&queue, &envelopes, concurrency).await?;
+        let queue_out = queue_drain(&queue, concurrency, jobs).await?;
+        let (processed, left): (i64, i64) = sqlx::query_as(
+            "select (select count(*) from core.processed_jobs), (select count(*) from core.jobs)",
+        )
+        .fetch_one(&pool)
+        .await?;
+        anyhow::ensure!(
+            processed == i64::try_from(jobs)? && left == 0,
+            "the queue claimed {processed} jobs and left {left}"
+        );
+        reset(&pool).await?;
+        println!(
+            "{concurrency:>11}  {raw_in:>14.0}  {queue_in:>14.0}  {:>6.2}  {raw_out:>14.0}  \
+             {queue_out:>14.0}  {:>6.2}",
+            queue_in / raw_in,
+            queue_out / raw_out
+        );
+        pool.close().await;
+    }
+    Ok(())
+}
+
+fn envelopes(jobs: u64) -> Result<Vec<Envelope>> {
+    let tenant = "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90".parse()?;
+    let correlation = "0192f0a4-8d7e-7c3b-a1f2-6e5d4c3b2a19".parse()?;
+    let kind: jobs_core::Kind = "bench.noop".parse()?;
+    Ok((0..jobs)
+        .map(|n| {
+            Envelope::new(
+                tenant,
+                correlation,
+                kind.clone(),
+                serde_json::json!({ "n": n }),
+            )
+        })
+        .collect())
+}
+
+async fn reset(pool: &PgPool) -> Result<()> {
+    sqlx::query("truncate raw_jobs, core.jobs, core.processed_jobs")
+        .execute(pool)
+        .await?;
+    for table in ["raw_jobs", "core.jobs", "core.processed_jobs"] {
+        sqlx::query(&format!("vacuum analyze {table}"))
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Splits `items` into `concurrency` contiguous shares.
+fn shares<T>(items: &[T], concurrency: usize) -> impl Iterator<Item = &[T]> {
+    let size = items.len().div_ceil(concurrency).max(1);
+    items.chunks(size)
+}
+
+/// The baseline publish: one multi-row insert per batch into a plain indexed table, with the
+/// same deduplication (a unique key, `ON CONFLICT DO NOTHING`) the queue gives.
+async fn raw_enqueue(pool: &PgPool, envelopes: &[Envelope], concurrency: usize) -> Result<f64> {
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for share in shares(envelopes, concurrency) {
+        let (pool, share) = (pool.clone(), share.to_vec());
+        tasks.spawn(async move {
+            for chunk in share.chunks(PUBLISH_BATCH) {
+                let mut ids = Vec::with_capacity(chunk.len());
+                let mut payloads = Vec::with_capacity(chunk.len());
+                for envelope in chunk {
+                    ids.push(envelope.job_id.as_uuid());
+                    payloads.push(envelope.to_json_bytes()?);
+                }
+                sqlx::query(
+                    "insert into raw_jobs (queue, job_id, payload, run_at) \
+                     select $1, i, p, now() from unnest($2::uuid[], $3::bytea[]) as u(i, p) \
+                     on conflict (queue, job_id) do nothing",
+                )
+                .bind(QUEUE)
+                .bind(ids)
+                .bind(payloads)
+                .execute(&pool)
+                .await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(envelopes.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The baseline drain: per batch, one transaction of a SKIP LOCKED fetch-and-delete and the
+/// `processed_jobs` insert of the batch.
+async fn raw_drain(pool: &PgPool, concurrency: usize, jobs: u64) -> Result<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (pool, done) = (pool.clone(), done.clone());
+        tasks.spawn(async move {
+            while done.load(Ordering::Relaxed) < jobs {
+                let mut tx = pool.begin().await?;
+                let ids: Vec<Uuid> = sqlx::query_scalar(
+                    "delete from raw_jobs where id = any(array( \
+                         select id from raw_jobs where queue = $1 and run_at <= now() \
+                         order by run_at, id limit $2 for update skip locked)) \
+                     returning job_id",
+                )
+                .bind(QUEUE)
+                .bind(BATCH as i64)
+                .fetch_all(&mut *tx)
+                .await?;
+                if ids.is_empty() {
+                    tx.rollback().await?;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                }
+                sqlx::query(
+                    "insert into core.processed_jobs (job_id, consumer, processed_at) \
+                     select unnest($1::uuid[]), $2, now() on conflict do nothing",
+                )
+                .bind(&ids)
+                .bind(CONSUMER)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                done.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(jobs as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The queue's publish: `PgQueue::publish_batch`, one multi-row insert per batch.
+async fn queue_enqueue(queue: &PgQueue, envelopes: &[Envelope], concurrency: usize) -> Result<f64> {
+    let name: QueueName = QUEUE.parse()?;
+    let shares: Vec<Vec<NewJob>> = shares(envelopes, concurrency)
+        .map(|share| {
+            share
+                .iter()
+                .map(|envelope| NewJob {
+                    envelope: envelope.clone(),
+                    opts: PublishOptions::default(),
+                })
+                .collect()
+        })
+        .collect();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for jobs in shares {
+        let (queue, name) = (queue.clone(), name.clone());
+        tasks.spawn(async move {
+            for chunk in jobs.chunks(PUBLISH_BATCH) {
+                queue.publish_batch(&name, chunk).await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(envelopes.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// A no-op job: its only effect is the claim the batch records.
+struct NoOp;
+
+#[async_trait]
+impl BatchHandler for NoOp {
+    async fn handle(&self, _: &mut PgConnection, _: &Envelope) -> Result<(), BatchError> {
+        Ok(())
+    }
+}
+
+/// The queue's drain: `concurrency` consumers calling `PgQueue::consume_batch`.
+async fn queue_drain(queue: &PgQueue, concurrency: usize, jobs: u64) -> Result<f64> {
+    let name: QueueName = QUEUE.parse()?;
+    let consumer = ConsumerName::from_str(CONSUMER)?;
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (queue, name, consumer, done) =
+            (queue.clone(), name.clone(), consumer.clone(), done.clone());
+        tasks.spawn(async move {
+            while done.load(Ordering::Relaxed) < jobs {
+                let batch = queue
+                    .consume_batch(&name, &consumer, BATCH, Duration::from_secs(60), &NoOp)
+                    .await?;
+                anyhow::ensure!(batch.fallback.is_empty(), "a no-op batch fell back");
+                let n = (batch.done + batch.skipped) as u64;
+                if n == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+            }
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(jobs as f64 / started.elapsed().as_secs_f64())
+}
