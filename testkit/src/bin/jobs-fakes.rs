@@ -139,30 +139,6 @@ async fn serve_vercel_queues(port: u16) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse;
-
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| (*s).to_owned()).collect()
-    }
-
-    #[test]
-    fn arguments_name_the_vendor_and_an_optional_port() {
-        assert_eq!(
-            parse(&args(&["betterstack"])),
-            Ok(("betterstack".into(), 0))
-        );
-        assert_eq!(
-            parse(&args(&["betterstack", "--port", "8787"])),
-            Ok(("betterstack".into(), 8787))
-        );
-        assert!(parse(&args(&["betterstack", "--port", "http"])).is_err());
-        assert!(parse(&args(&["--port", "1"])).is_err());
-        assert!(parse(&args(&["a", "b"])).is_err());
-    }
-}
-
 /// Serves the QStash fake until interrupted, then prints the deliveries it made.
 async fn serve_qstash(port: u16) -> ExitCode {
     let fake = match FakeQStash::start_on(port, DEV_TOKEN, DEV_CURRENT_KEY, DEV_NEXT_KEY).await {
