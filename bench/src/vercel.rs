@@ -92,6 +92,10 @@ where
                     }
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let n = work(i).await?;
+                    if n == 0 {
+                        // Nothing to do right now: let the tasks with requests in flight run.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                     done.fetch_add(n, Ordering::Relaxed);
                 }
             })
