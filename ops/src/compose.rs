@@ -13,6 +13,9 @@
 //! | store | `sqlite://PATH` (or `sqlite:PATH`) | [`SqliteStore`], the file created on first use |
 //! | store | `postgres://…`, `postgresql://…` | [`PgStore`] |
 //! | queue | `memory:` | [`MemoryQueue`], in this process only |
+//! | queue | `postgres-queue://…` (a `postgres://` URL with `-queue`) | [`PgQueue`] over `core.jobs` |
+//! | queue | `vercel-queues://REGION` | [`VercelQueues`] from the `vercel_queues.*` keys |
+//! | queue | `qstash:` or `qstash://REGION` | [`QStashQueue`] (publish only) from the `qstash.*` keys |
 //! | rate limiter | `memory:` | [`MemoryRateLimiter`], in this process only |
 //! | rate limiter | `redis://…`, `rediss://…` | [`RedisRateLimiter`] under `rate_limit_prefix` |
 //! | alerter | `console` | [`ConsoleAlerter`], one line per alert on standard error |
@@ -29,9 +32,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use jobs_adapter_betterstack::{BetterStackAlerter, BetterStackConfig, BetterStackError};
 use jobs_adapter_memory::{MemoryQueue, MemoryRateLimiter};
-use jobs_adapter_postgres::PgStore;
+use jobs_adapter_postgres::{PgQueue, PgStore};
+use jobs_adapter_qstash::{Destination, QStashConfig, QStashQueue, SigningKeys};
 use jobs_adapter_redis::RedisRateLimiter;
 use jobs_adapter_sqlite::SqliteStore;
+use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueuesConfig};
 use jobs_core::{
     Alert, AlertError, Alerter, ConsumerPort, DeadLetterStore, ProcessedJobs, QueueDepth,
     QueuePort, RateLimiter, StoreError, SystemClock,
@@ -83,7 +88,7 @@ pub const QUEUE_URL: Key = Key {
     env: "JOBS_QUEUE_URL",
     default: Some("memory:"),
     secret: true,
-    about: "the queue transport: memory: (in this process only)",
+    about: "the queue transport: memory:, postgres-queue://…, vercel-queues://REGION or qstash://[REGION]",
 };
 
 /// The rate limiter's URL.
@@ -146,6 +151,96 @@ pub const BETTERSTACK_BASE_URL: Key = Key {
     about: "BetterStack's API base URL (a local fake in tests)",
 };
 
+/// The OIDC token Vercel Queues accepts.
+pub const VERCEL_QUEUES_TOKEN: Key = Key {
+    name: "vercel_queues.token",
+    flag: None,
+    env: "VERCEL_OIDC_TOKEN",
+    default: None,
+    secret: true,
+    about: "the OIDC token for Vercel Queues (queue_url = vercel-queues://REGION)",
+};
+
+/// Where Vercel Queues is reached instead of the region's endpoint.
+pub const VERCEL_QUEUES_BASE_URL: Key = Key {
+    name: "vercel_queues.base_url",
+    flag: None,
+    env: "VERCEL_QUEUES_BASE_URL",
+    default: None,
+    secret: false,
+    about: "Vercel Queues' base URL instead of the region's (an emulator in tests)",
+};
+
+/// The Vercel Queues consumer group workers receive as.
+pub const VERCEL_QUEUES_CONSUMER_GROUP: Key = Key {
+    name: "vercel_queues.consumer_group",
+    flag: None,
+    env: "VERCEL_QUEUES_CONSUMER_GROUP",
+    default: Some(jobs_adapter_vercel_queues::DEFAULT_CONSUMER_GROUP),
+    secret: false,
+    about: "the Vercel Queues consumer group workers receive as",
+};
+
+/// The deployment Vercel Queues messages are isolated to.
+pub const VERCEL_DEPLOYMENT_ID: Key = Key {
+    name: "vercel_queues.deployment_id",
+    flag: None,
+    env: "VERCEL_DEPLOYMENT_ID",
+    default: None,
+    secret: false,
+    about: "isolates Vercel Queues messages per deployment (shared when unset)",
+};
+
+/// The QStash API token.
+pub const QSTASH_TOKEN: Key = Key {
+    name: "qstash.token",
+    flag: None,
+    env: "QSTASH_TOKEN",
+    default: None,
+    secret: true,
+    about: "the QStash API token (queue_url = qstash:)",
+};
+
+/// Where QStash is reached instead of the URL's region.
+pub const QSTASH_BASE_URL: Key = Key {
+    name: "qstash.base_url",
+    flag: None,
+    env: "QSTASH_URL",
+    default: None,
+    secret: false,
+    about: "QStash's base URL instead of the region's (a local QStash in tests)",
+};
+
+/// The endpoint QStash delivers each queue to.
+pub const QSTASH_DESTINATION: Key = Key {
+    name: "qstash.destination",
+    flag: None,
+    env: "QSTASH_DESTINATION",
+    default: None,
+    secret: false,
+    about: "the endpoint QStash delivers to, {queue} replaced by the queue name",
+};
+
+/// The key QStash signs deliveries with now.
+pub const QSTASH_CURRENT_SIGNING_KEY: Key = Key {
+    name: "qstash.current_signing_key",
+    flag: None,
+    env: "QSTASH_CURRENT_SIGNING_KEY",
+    default: None,
+    secret: true,
+    about: "the key QStash signs deliveries with (jobsctl qstash verify)",
+};
+
+/// The key QStash will sign deliveries with after a rotation.
+pub const QSTASH_NEXT_SIGNING_KEY: Key = Key {
+    name: "qstash.next_signing_key",
+    flag: None,
+    env: "QSTASH_NEXT_SIGNING_KEY",
+    default: None,
+    secret: true,
+    about: "the key QStash signs with after a rotation (jobsctl qstash verify)",
+};
+
 /// The queues `jobsctl queues` reports on.
 pub const QUEUES: Key = Key {
     name: "queues",
@@ -176,12 +271,26 @@ pub const KEYS: &[Key] = &[
     BETTERSTACK_TOKEN,
     BETTERSTACK_REQUESTER_EMAIL,
     BETTERSTACK_BASE_URL,
+    VERCEL_QUEUES_TOKEN,
+    VERCEL_QUEUES_BASE_URL,
+    VERCEL_QUEUES_CONSUMER_GROUP,
+    VERCEL_DEPLOYMENT_ID,
+    QSTASH_TOKEN,
+    QSTASH_BASE_URL,
+    QSTASH_DESTINATION,
+    QSTASH_CURRENT_SIGNING_KEY,
+    QSTASH_NEXT_SIGNING_KEY,
     QUEUES,
     JOURNAL_DIR,
 ];
 
 /// The queue URL schemes this build composes.
-pub const QUEUE_SCHEMES: &[&str] = &["memory:"];
+pub const QUEUE_SCHEMES: &[&str] = &[
+    "memory:",
+    "postgres-queue://…",
+    "vercel-queues://REGION",
+    "qstash://[REGION]",
+];
 /// The store URL schemes this build composes.
 pub const STORE_SCHEMES: &[&str] = &["sqlite://PATH", "postgres://…", "postgresql://…"];
 /// The rate limiter URL schemes this build composes.
@@ -435,6 +544,9 @@ pub enum ComposeError {
     /// The store could not be opened.
     #[error("opening the store: {0}")]
     Store(#[source] StoreError),
+    /// The queue transport could not be reached or set up.
+    #[error("opening the queue: {0}")]
+    Queue(String),
     /// The BetterStack alerter refused its configuration.
     #[error("configuring the BetterStack alerter: {0}")]
     BetterStack(#[source] BetterStackError),
@@ -443,7 +555,7 @@ pub enum ComposeError {
 impl ComposeError {
     /// Whether the operator's configuration is at fault (rather than a service being down).
     pub fn is_configuration(&self) -> bool {
-        !matches!(self, ComposeError::Store(_))
+        !matches!(self, ComposeError::Store(_) | ComposeError::Queue(_))
     }
 }
 
@@ -519,7 +631,7 @@ pub struct Queue {
     pub scheme: String,
     /// Publishing.
     pub publisher: Arc<dyn QueuePort>,
-    /// The pull side a worker drives; `None` for push transports.
+    /// The pull side a worker drives; `None` for push transports (QStash calls an endpoint).
     pub consumer: Option<Arc<dyn ConsumerPort>>,
     /// Queue depth, when the engine reports it.
     pub depth: Option<Arc<dyn QueueDepth>>,
@@ -541,20 +653,144 @@ impl Queue {
     /// Builds the transport [`QUEUE_URL`] names. One arm per scheme.
     pub async fn connect(config: &Config) -> Result<Queue, ComposeError> {
         let url = config.require(&QUEUE_URL)?;
+        let scheme_of_url = scheme(url).to_owned();
+        let queue = |publisher, consumer, depth, durable| Queue {
+            scheme: scheme_of_url.clone(),
+            publisher,
+            consumer,
+            depth,
+            durable,
+        };
         match scheme(url) {
             "memory" => {
-                let queue = MemoryQueue::new(Arc::new(SystemClock));
-                Ok(Queue {
-                    scheme: "memory".to_owned(),
-                    publisher: Arc::new(queue.clone()),
-                    consumer: Some(Arc::new(queue.clone())),
-                    depth: Some(Arc::new(queue)),
-                    durable: false,
-                })
+                let memory = MemoryQueue::new(Arc::new(SystemClock));
+                Ok(queue(
+                    Arc::new(memory.clone()),
+                    Some(Arc::new(memory.clone())),
+                    Some(Arc::new(memory)),
+                    false,
+                ))
+            }
+            "postgres-queue" | "postgresql-queue" => {
+                let pg = pg_queue(url).await?;
+                Ok(queue(
+                    Arc::new(pg.clone()),
+                    Some(Arc::new(pg.clone())),
+                    Some(Arc::new(pg)),
+                    true,
+                ))
+            }
+            "vercel-queues" => {
+                let vercel = vercel_queues(config, url)?;
+                Ok(queue(
+                    Arc::new(vercel.clone()),
+                    Some(Arc::new(vercel)),
+                    None,
+                    true,
+                ))
+            }
+            "qstash" => {
+                let qstash = qstash(config, url)?;
+                Ok(queue(
+                    Arc::new(qstash.clone()),
+                    None,
+                    Some(Arc::new(qstash)),
+                    true,
+                ))
             }
             _ => Err(config.unsupported(&QUEUE_URL, QUEUE_SCHEMES)),
         }
     }
+}
+
+/// What follows `scheme://` in `url`, refusing any other shape.
+fn authority<'u>(url: &'u str, scheme: &str, shape: &str) -> Result<&'u str, ComposeError> {
+    url.strip_prefix(scheme)
+        .and_then(|rest| rest.strip_prefix("://"))
+        .ok_or_else(|| ComposeError::Invalid {
+            key: QUEUE_URL.describe(),
+            message: format!("expected {shape}"),
+        })
+}
+
+/// `postgres-queue://…`: the PostgreSQL queue over `core.jobs` of the database the rest of the
+/// URL names. Its table comes with the store's migrations (`jobsctl migrate` on that URL).
+async fn pg_queue(url: &str) -> Result<PgQueue, ComposeError> {
+    let shape = "postgres-queue://USER@HOST:PORT/DB";
+    let rest = authority(url, "postgres-queue", shape)
+        .or_else(|_| authority(url, "postgresql-queue", shape))?;
+    let store = PgStore::connect(&format!("postgres://{rest}"))
+        .await
+        .map_err(|e| ComposeError::Queue(e.to_string()))?;
+    Ok(PgQueue::new(store.pool().clone()))
+}
+
+/// `vercel-queues://REGION`, the token from [`VERCEL_QUEUES_TOKEN`].
+fn vercel_queues(config: &Config, url: &str) -> Result<VercelQueues, ComposeError> {
+    let invalid = |key: &Key, e: &dyn fmt::Display| ComposeError::Invalid {
+        key: key.describe(),
+        message: e.to_string(),
+    };
+    let region = authority(
+        url,
+        "vercel-queues",
+        "vercel-queues://REGION, e.g. vercel-queues://iad1",
+    )?;
+    let region = Region::new(region.trim_end_matches('/')).map_err(|e| invalid(&QUEUE_URL, &e))?;
+    let token = StaticToken::new(config.require(&VERCEL_QUEUES_TOKEN)?);
+    let mut settings = VercelQueuesConfig::new(region, token)
+        .consumer_group(config.require(&VERCEL_QUEUES_CONSUMER_GROUP)?)
+        .map_err(|e| invalid(&VERCEL_QUEUES_CONSUMER_GROUP, &e))?;
+    if let Some(base) = config.get(&VERCEL_QUEUES_BASE_URL) {
+        settings = settings
+            .base_url_override(base)
+            .map_err(|e| invalid(&VERCEL_QUEUES_BASE_URL, &e))?;
+    }
+    if let Some(id) = config.get(&VERCEL_DEPLOYMENT_ID) {
+        settings = settings.deployment_id(id);
+    }
+    VercelQueues::new(settings).map_err(|e| invalid(&QUEUE_URL, &e))
+}
+
+/// `qstash:` (the global endpoint) or `qstash://REGION` (`eu-central-1`, `us-east-1`), the
+/// token from [`QSTASH_TOKEN`], every queue delivered to [`QSTASH_DESTINATION`].
+fn qstash(config: &Config, url: &str) -> Result<QStashQueue, ComposeError> {
+    let invalid = |key: &Key, message: String| ComposeError::Invalid {
+        key: key.describe(),
+        message,
+    };
+    let region = url
+        .strip_prefix("qstash:")
+        .map(|rest| rest.trim_start_matches("//").trim_end_matches('/'))
+        .unwrap_or_default();
+    if !region
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(invalid(
+            &QUEUE_URL,
+            format!("`{region}` is not a QStash region such as eu-central-1 or us-east-1"),
+        ));
+    }
+    let base_url = match (config.get(&QSTASH_BASE_URL), region) {
+        (Some(base), _) => base.to_owned(),
+        (None, "") => jobs_adapter_qstash::DEFAULT_BASE_URL.to_owned(),
+        (None, region) => format!("https://qstash-{region}.upstash.io"),
+    };
+    let settings = QStashConfig::new(config.require(&QSTASH_TOKEN)?)
+        .with_base_url(base_url)
+        .with_destination_template(Destination::new(config.require(&QSTASH_DESTINATION)?))
+        .map_err(|e| invalid(&QSTASH_DESTINATION, e.to_string()))?;
+    QStashQueue::new(settings).map_err(|e| invalid(&QUEUE_URL, e.to_string()))
+}
+
+/// The keys QStash signs deliveries with, from [`QSTASH_CURRENT_SIGNING_KEY`] and
+/// [`QSTASH_NEXT_SIGNING_KEY`]; both are needed, as a rotation may be under way.
+pub fn qstash_signing_keys(config: &Config) -> Result<SigningKeys, ComposeError> {
+    Ok(SigningKeys::new(
+        config.require(&QSTASH_CURRENT_SIGNING_KEY)?,
+        config.require(&QSTASH_NEXT_SIGNING_KEY)?,
+    ))
 }
 
 /// Builds the rate limiter [`RATE_LIMIT_URL`] names (Redis connects on first use).
@@ -723,16 +959,17 @@ mod tests {
     #[tokio::test]
     async fn unsupported_schemes_name_the_flag_the_source_and_the_accepted_schemes() {
         let flags = BTreeMap::from([
-            ("--queue-url", "qstash://token@eu".to_owned()),
+            ("--queue-url", "kafka://broker:9092".to_owned()),
             ("--database-url", "mysql://x".to_owned()),
             ("--rate-limit-url", "memcached://x".to_owned()),
         ]);
         let config = Config::resolve(&flags, &env_of(&[]), &ConfigFile::None).expect("resolves");
-        let queue = Queue::connect(&config).await.expect_err("no qstash here");
+        let queue = Queue::connect(&config).await.expect_err("no kafka here");
         assert_eq!(
             queue.to_string(),
-            "unsupported --queue-url (JOBS_QUEUE_URL, queue_url in jobs.toml) scheme `qstash:` \
-             (set by flag); accepted: memory:"
+            "unsupported --queue-url (JOBS_QUEUE_URL, queue_url in jobs.toml) scheme `kafka:` \
+             (set by flag); accepted: memory:, postgres-queue://…, vercel-queues://REGION, \
+             qstash://[REGION]"
         );
         assert!(queue.is_configuration());
         let store = Store::connect(&config).await.expect_err("no mysql");
@@ -743,6 +980,50 @@ mod tests {
         );
         let limiter = rate_limiter(&config).err().expect("no memcached");
         assert!(limiter.to_string().contains("redis://"), "{limiter}");
+    }
+
+    #[tokio::test]
+    async fn durable_transports_refuse_malformed_urls_and_missing_settings_by_name() {
+        let with = |url: &str, env: &[(&str, &str)]| {
+            let flags = BTreeMap::from([("--queue-url", url.to_owned())]);
+            Config::resolve(&flags, &env_of(env), &ConfigFile::None).expect("resolves")
+        };
+        let failure = |config: Config| async move {
+            let err = Queue::connect(&config).await.expect_err("refused");
+            assert!(err.is_configuration(), "{err}");
+            err.to_string()
+        };
+        let shape = failure(with("postgres-queue:db", &[])).await;
+        assert!(
+            shape.contains("postgres-queue://USER@HOST:PORT/DB"),
+            "{shape}"
+        );
+        let region = failure(with("vercel-queues://Mars!", &[("VERCEL_OIDC_TOKEN", "t")])).await;
+        assert!(region.contains("--queue-url"), "{region}");
+        let token = failure(with("vercel-queues://iad1", &[])).await;
+        assert!(token.contains("VERCEL_OIDC_TOKEN"), "{token}");
+        let qstash_region = failure(with("qstash://EU!", &[("QSTASH_TOKEN", "t")])).await;
+        assert!(
+            qstash_region.contains("not a QStash region"),
+            "{qstash_region}"
+        );
+        let destination = failure(with("qstash:", &[("QSTASH_TOKEN", "t")])).await;
+        assert!(destination.contains("QSTASH_DESTINATION"), "{destination}");
+
+        let vercel = Queue::connect(&with("vercel-queues://iad1", &[("VERCEL_OIDC_TOKEN", "t")]))
+            .await
+            .expect("composes without a request");
+        assert!(vercel.durable && vercel.consumer.is_some() && vercel.depth.is_none());
+        let qstash = Queue::connect(&with(
+            "qstash://eu-central-1",
+            &[
+                ("QSTASH_TOKEN", "t"),
+                ("QSTASH_DESTINATION", "https://app.example.com/q/{queue}"),
+            ],
+        ))
+        .await
+        .expect("composes without a request");
+        assert!(qstash.durable && qstash.consumer.is_none(), "QStash pushes");
     }
 
     #[tokio::test]

@@ -11,8 +11,10 @@ use jobs_adapter_postgres::PgTenantDirectory;
 use jobs_core::{SystemClock, TenantDirectory};
 use jobs_cron::{CatchUp, Scheduler, TickReport, standard_tasks};
 
-use jobs_core::QueueName;
-use jobs_ops::compose::Store;
+use jobs_core::{QueueName, QueuePort};
+use jobs_ops::compose::{Queue, Store};
+
+use crate::Usage;
 use serde_json::json;
 
 /// `t` as RFC 3339 in UTC, to the second.
@@ -27,12 +29,17 @@ pub(crate) fn parse_time(text: &str) -> Result<SystemTime, String> {
         .map_err(|e| format!("`{text}` is not an RFC 3339 time (e.g. 2026-12-01T03:00:00Z): {e}"))
 }
 
-fn scheduler(directory: Arc<dyn TenantDirectory>) -> Result<Scheduler> {
-    // The queue only matters when publishing, which these commands do not do.
+/// The standard tasks over `directory`, publishing to `queue` (an in-process queue when only
+/// planning).
+fn scheduler(directory: Arc<dyn TenantDirectory>, queue: Option<&Queue>) -> Result<Scheduler> {
+    let publisher = queue.map_or_else(
+        || Arc::new(MemoryQueue::default()) as Arc<dyn QueuePort>,
+        |q| q.publisher.clone(),
+    );
     Ok(Scheduler::new(
         standard_tasks(),
         directory,
-        Arc::new(MemoryQueue::default()),
+        publisher,
         Arc::new(SystemClock),
         CatchUp::default(),
     )?)
@@ -48,7 +55,7 @@ pub(crate) fn standard_queues() -> Result<Vec<QueueName>> {
 
 /// Prints every standard task with its schedule, queue and next slot.
 pub(crate) fn list(as_json: bool, out: &mut impl Write) -> Result<()> {
-    let scheduler = scheduler(Arc::new(MemoryTenantDirectory::default()))?;
+    let scheduler = scheduler(Arc::new(MemoryTenantDirectory::default()), None)?;
     if !as_json {
         writeln!(
             out,
@@ -79,27 +86,27 @@ pub(crate) fn list(as_json: bool, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
-/// Plans the fan-out of every task due at `at` over the tenants of `store`, publishing nothing.
+/// Fans out every task due at `at` over the tenants of `store` to `queue`, or with no queue
+/// only plans it (a dry run).
 pub(crate) async fn tick(
     store: &Store,
+    queue: Option<&Queue>,
     at: SystemTime,
-    dry_run: bool,
     out: &mut impl Write,
 ) -> Result<()> {
-    if !dry_run {
-        bail!(
-            "publishing a slot by hand needs a durable queue adapter, which this build does not \
-             have yet; run with --dry-run to see what would be published"
-        );
-    }
     let Store::Postgres(pg) = store else {
-        bail!(
-            "the tenant directory lives in PostgreSQL (core.tenants): pass a postgres:// --database-url"
-        );
+        bail!(Usage(
+            "the tenant directory lives in PostgreSQL (core.tenants): pass a postgres:// \
+             --database-url"
+                .into()
+        ));
     };
-    let scheduler = scheduler(Arc::new(PgTenantDirectory::new(pg.pool().clone())))?;
-    let report: TickReport = scheduler.tick_at(at, true).await;
-    writeln!(out, "slot {} (dry run: nothing published)", rfc3339(at))?;
+    let scheduler = scheduler(Arc::new(PgTenantDirectory::new(pg.pool().clone())), queue)?;
+    let report: TickReport = scheduler.tick_at(at, queue.is_none()).await;
+    match queue {
+        None => writeln!(out, "slot {} (dry run: nothing published)", rfc3339(at))?,
+        Some(q) => writeln!(out, "slot {} published to {}:", rfc3339(at), q.scheme)?,
+    }
     for fired in &report.fired {
         writeln!(
             out,

@@ -7,6 +7,7 @@ mod dead_letters;
 mod demo;
 mod journal;
 mod publish;
+mod qstash;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -58,7 +59,8 @@ struct ConfigFlags {
     /// [jobs.toml: database_url] [default: sqlite://.jobs/jobs.db].
     #[arg(long, global = true, value_name = "URL")]
     database_url: Option<String>,
-    /// The queue transport: memory: [env: JOBS_QUEUE_URL] [jobs.toml: queue_url]
+    /// The queue transport: memory:, postgres-queue://USER@HOST:PORT/DB,
+    /// vercel-queues://REGION, qstash: or qstash://REGION [env: JOBS_QUEUE_URL] [jobs.toml: queue_url]
     /// [default: memory:, which lives in this process only].
     #[arg(long, global = true, value_name = "URL")]
     queue_url: Option<String>,
@@ -101,7 +103,9 @@ enum Command {
     /// Needs nothing but this binary: an in-memory queue, a SQLite store in a temporary file,
     /// console alerts. Ignores the configuration.
     ///
-    /// Example: jobsctl demo
+    /// Example:
+    ///   jobsctl demo
+    #[command(verbatim_doc_comment)]
     Demo,
     /// Create or update the store's tables (`core.processed_jobs`, `core.dead_letters`).
     ///
@@ -110,6 +114,7 @@ enum Command {
     /// Examples:
     ///   jobsctl migrate
     ///   jobsctl migrate --database-url postgres://postgres@127.0.0.1:5432/app
+    #[command(verbatim_doc_comment)]
     Migrate,
     /// Publish one job through the configured queue and print its job id.
     ///
@@ -122,6 +127,7 @@ enum Command {
     ///     --tenant 0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90 --data '{"invoice":42}'
     ///   jobsctl publish --queue billing.invoices --kind billing.invoice_issued \
     ///     --tenant 0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90 --data @invoice.json --delay 10m --json
+    #[command(verbatim_doc_comment)]
     #[command(after_long_help = EXIT_CODES)]
     Publish(publish::PublishArgs),
     /// Work with envelopes.
@@ -138,6 +144,7 @@ enum Command {
     /// Examples:
     ///   jobsctl queues
     ///   jobsctl queues --queue billing.invoices --queue notify.email --json
+    #[command(verbatim_doc_comment)]
     Queues {
         /// A queue to report on (repeatable).
         #[arg(long = "queue", value_name = "QUEUE")]
@@ -152,11 +159,15 @@ enum Command {
     /// The periodic tasks fanned out per tenant.
     #[command(subcommand)]
     Cron(CronCommand),
+    /// QStash operations.
+    #[command(subcommand)]
+    Qstash(QstashCommand),
     /// Show the configuration in effect and where each value came from (secrets hidden).
     ///
     /// Examples:
     ///   jobsctl config
     ///   JOBS_QUEUE_URL=memory: jobsctl config --config ./deploy/jobs.toml --json
+    #[command(verbatim_doc_comment)]
     Config {
         /// One JSON object per key instead of a table.
         #[arg(long)]
@@ -171,6 +182,7 @@ enum CronCommand {
     /// Examples:
     ///   jobsctl cron list
     ///   jobsctl cron list --json
+    #[command(verbatim_doc_comment)]
     List {
         /// One JSON object per task instead of a table.
         #[arg(long)]
@@ -178,7 +190,15 @@ enum CronCommand {
     },
     /// Fire one slot by hand; with --dry-run, print what would be published.
     ///
-    /// Example: jobsctl cron tick --at 2026-12-01T03:00:00Z --dry-run --database-url postgres://…
+    /// Tenants come from core.tenants of the PostgreSQL store; jobs go to the configured
+    /// durable queue. Each job id derives from (task, tenant, slot), so firing a slot again,
+    /// by hand or by a scheduler, publishes duplicates the queue and consumers drop.
+    ///
+    /// Examples:
+    ///   jobsctl cron tick --at 2026-12-01T03:00:00Z --dry-run --database-url postgres://…
+    ///   jobsctl cron tick --at 2026-12-01T03:00:00Z --queue-url postgres-queue://…
+    #[command(verbatim_doc_comment)]
+    #[command(after_long_help = EXIT_CODES)]
     Tick {
         /// The slot, RFC 3339 (e.g. 2026-12-01T03:00:00Z).
         #[arg(long, value_parser = cron::parse_time)]
@@ -187,6 +207,24 @@ enum CronCommand {
         #[arg(long)]
         dry_run: bool,
     },
+}
+
+// The examples are for `--help`, where a URL is plain text.
+#[allow(rustdoc::bare_urls)]
+#[derive(Debug, Subcommand)]
+enum QstashCommand {
+    /// Check an Upstash-Signature the way the receiver does, and say why it fails.
+    ///
+    /// For debugging refused deliveries: give the header, the URL the receiver serves and the
+    /// raw body. Keys come from QSTASH_CURRENT_SIGNING_KEY and QSTASH_NEXT_SIGNING_KEY (or
+    /// qstash.*_signing_key in jobs.toml). Exits 0 when valid, 1 when not, 2 on usage errors.
+    ///
+    /// Examples:
+    ///   jobsctl qstash verify --signature "$SIG" --url https://app.example.com/qstash/billing.invoices --body body.json
+    ///   jobsctl qstash verify --signature "$SIG" --url https://app.example.com/q --body - --at 2026-12-01T03:00:00Z --json
+    #[command(verbatim_doc_comment)]
+    #[command(after_long_help = EXIT_CODES)]
+    Verify(qstash::VerifyArgs),
 }
 
 /// Which dead letters a bulk command selects.
@@ -228,6 +266,7 @@ enum DeadLetterCommand {
     /// Examples:
     ///   jobsctl dead-letters list --status pending_review --queue billing.invoices
     ///   jobsctl dead-letters list --after 200 --limit 100 --json
+    #[command(verbatim_doc_comment)]
     List {
         /// pending_review, replayed or discarded.
         #[arg(long, value_parser = parse_status)]
@@ -256,6 +295,7 @@ enum DeadLetterCommand {
     /// Examples:
     ///   jobsctl dead-letters show 42
     ///   jobsctl dead-letters show 42 --json | jq .payload
+    #[command(verbatim_doc_comment)]
     Show {
         /// The dead letter's id.
         id: i64,
@@ -275,6 +315,7 @@ enum DeadLetterCommand {
     ///   jobsctl dead-letters replay 42 43
     ///   jobsctl dead-letters replay --all --queue billing.invoices --tenant 0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90
     ///   jobsctl dead-letters replay --all --kind billing.invoice_issued --yes --json
+    #[command(verbatim_doc_comment)]
     #[command(after_long_help = EXIT_CODES)]
     Replay(Selection),
     /// Mark dead letters discarded (only from pending_review; repeating is harmless).
@@ -284,6 +325,7 @@ enum DeadLetterCommand {
     /// Examples:
     ///   jobsctl dead-letters discard 42 43 --tenant 0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90
     ///   jobsctl dead-letters discard --all --queue billing.invoices --kind billing.test --yes
+    #[command(verbatim_doc_comment)]
     #[command(after_long_help = EXIT_CODES)]
     Discard(Selection),
 }
@@ -298,6 +340,7 @@ enum CleanupCommand {
     /// Examples:
     ///   jobsctl cleanup processed --older-than 30d
     ///   jobsctl cleanup processed --older-than 1h30m --json
+    #[command(verbatim_doc_comment)]
     Processed {
         /// Age, e.g. 30d, 12h, 1h30m.
         #[arg(long, value_parser = dead_letters::parse_duration)]
@@ -322,6 +365,7 @@ enum EnvelopeCommand {
     /// Examples:
     ///   jobsctl envelope validate job.json
     ///   producer | jobsctl envelope validate --lines --json -
+    #[command(verbatim_doc_comment)]
     Validate {
         /// The file to read, or `-` for standard input.
         #[arg(default_value = "-")]
@@ -415,7 +459,20 @@ async fn run(command: Command, config: Config) -> Result<()> {
         Command::Cron(CronCommand::List { json }) => cron::list(json, out),
         Command::Cron(CronCommand::Tick { at, dry_run }) => {
             let store = Store::connect(&config).await?;
-            cron::tick(&store, at, dry_run, out).await
+            let queue = if dry_run {
+                None
+            } else {
+                Some(durable_queue(&config, "cron tick").await?)
+            };
+            cron::tick(&store, queue.as_ref(), at, out).await
+        }
+        Command::Qstash(QstashCommand::Verify(args)) => {
+            let keys = compose::qstash_signing_keys(&config)?;
+            if qstash::verify(&keys, &args, out)? {
+                Ok(())
+            } else {
+                anyhow::bail!("the signature is not valid for this delivery")
+            }
         }
         Command::Cleanup(CleanupCommand::Processed { older_than, json }) => {
             let store = Store::connect(&config).await?;
@@ -618,7 +675,10 @@ mod tests {
                     .or(sub.get_about())
                     .map(ToString::to_string)
                     .unwrap_or_default();
-                assert!(help.contains("jobsctl "), "{path} has no example:\n{help}");
+                assert!(
+                    help.lines().any(|l| l.trim_start().starts_with("jobsctl ")),
+                    "{path} has no example on a line of its own:\n{help}"
+                );
             }
         }
         walk(&super::Cli::command(), "jobsctl");

@@ -1,5 +1,6 @@
 //! The publishing side and QStash's operator endpoints.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -123,7 +124,7 @@ impl QStashQueue {
                 reason: "not http or https".into(),
             });
         }
-        for destination in config.destinations.values() {
+        for destination in config.destinations.values().chain(&config.template) {
             if !(destination.url.starts_with("http://") || destination.url.starts_with("https://"))
             {
                 return Err(QStashError::InvalidDestination(destination.url.clone()));
@@ -155,7 +156,7 @@ impl QStashQueue {
         format!("{}{path}", self.config.base_url.trim_end_matches('/'))
     }
 
-    fn destination(&self, queue: &QueueName) -> Result<&Destination, QueueError> {
+    fn destination(&self, queue: &QueueName) -> Result<Cow<'_, Destination>, QueueError> {
         self.config
             .destination(queue)
             .ok_or_else(|| QueueError::Rejected {
@@ -228,10 +229,10 @@ impl QStashQueue {
         retries: Option<u32>,
     ) -> Result<Receipt, QueueError> {
         let destination = self.destination(queue)?;
-        let headers = self.publish_headers(queue, destination, dedup_key, when, retries)?;
+        let headers = self.publish_headers(queue, &destination, dedup_key, when, retries)?;
         let mut request = self
             .http
-            .post(self.url(&Self::publish_path(destination)))
+            .post(self.url(&Self::publish_path(&destination)))
             .header(AUTHORIZATION, self.auth.clone())
             .body(body);
         for (name, value) in headers.iter().chain(extra) {
@@ -273,7 +274,7 @@ impl QStashQueue {
             let dedup = item.opts.dedup_key_for(&item.envelope);
             let when = item.opts.delay_value().map_or(When::Now, When::Delay);
             let headers: serde_json::Map<String, Value> = self
-                .publish_headers(&item.queue, destination, Some(&dedup), when, None)?
+                .publish_headers(&item.queue, &destination, Some(&dedup), when, None)?
                 .into_iter()
                 .map(|(n, v)| (n.to_owned(), Value::String(v)))
                 .collect();
@@ -284,7 +285,7 @@ impl QStashQueue {
                 }
             })?;
             let mut entry = json!({
-                "destination": destination.url,
+                "destination": &destination.url,
                 "body": body,
                 "headers": headers,
             });

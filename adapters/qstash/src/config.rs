@@ -1,5 +1,6 @@
 //! Where QStash is, the token, and where each of our queues is delivered.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
@@ -158,7 +159,11 @@ pub struct QStashConfig {
     pub(crate) timeout: Duration,
     pub(crate) delivery_timeout: Duration,
     pub(crate) destinations: HashMap<QueueName, Destination>,
+    pub(crate) template: Option<Destination>,
 }
+
+/// The placeholder a destination template replaces with the queue's name.
+pub const QUEUE_PLACEHOLDER: &str = "{queue}";
 
 impl QStashConfig {
     /// A configuration with the token `token` and the defaults.
@@ -169,6 +174,7 @@ impl QStashConfig {
             timeout: DEFAULT_TIMEOUT,
             delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
             destinations: HashMap::new(),
+            template: None,
         }
     }
 
@@ -196,9 +202,47 @@ impl QStashConfig {
         self
     }
 
-    /// The destination of `queue`, if configured.
-    pub fn destination(&self, queue: &QueueName) -> Option<&Destination> {
-        self.destinations.get(queue)
+    /// Delivers every queue without its own [`with_destination`](Self::with_destination) to
+    /// `template` with [`QUEUE_PLACEHOLDER`] replaced by the queue's name
+    /// (`https://app.example.com/qstash/{queue}`), so a composition root need not know every
+    /// queue in advance. A QStash queue name in the template (`via_queue`) gets the same
+    /// replacement. Refused without the placeholder: every queue would share one endpoint, and
+    /// the receiver could not tell them apart.
+    ///
+    /// ```
+    /// use jobs_adapter_qstash::{Destination, QStashConfig};
+    ///
+    /// let config = QStashConfig::new("token")
+    ///     .with_destination_template(Destination::new("https://app.example.com/q/{queue}"))?;
+    /// let queue = "billing.invoices".parse().unwrap();
+    /// assert_eq!(config.destination(&queue).unwrap().url(), "https://app.example.com/q/billing.invoices");
+    /// # Ok::<(), jobs_adapter_qstash::QStashError>(())
+    /// ```
+    pub fn with_destination_template(mut self, template: Destination) -> Result<Self, QStashError> {
+        if !template.url.contains(QUEUE_PLACEHOLDER) {
+            return Err(QStashError::InvalidDestination(format!(
+                "the destination template `{}` has no {QUEUE_PLACEHOLDER} placeholder",
+                template.url
+            )));
+        }
+        self.template = Some(template);
+        Ok(self)
+    }
+
+    /// The destination of `queue`: its own, else the template's, else `None`.
+    pub fn destination(&self, queue: &QueueName) -> Option<Cow<'_, Destination>> {
+        if let Some(own) = self.destinations.get(queue) {
+            return Some(Cow::Borrowed(own));
+        }
+        let template = self.template.as_ref()?;
+        Some(Cow::Owned(Destination {
+            url: template.url.replace(QUEUE_PLACEHOLDER, queue.as_str()),
+            qstash_queue: template
+                .qstash_queue
+                .as_ref()
+                .map(|q| q.replace(QUEUE_PLACEHOLDER, queue.as_str())),
+            retry: template.retry,
+        }))
     }
 
     /// The lease a push delivery gets: the delivery timeout.

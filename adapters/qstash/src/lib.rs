@@ -30,7 +30,7 @@ mod signature;
 pub use client::{BatchItem, DlqMessage, DlqPage, QStashQueue, Schedule};
 pub use config::{
     DEFAULT_BASE_URL, DEFAULT_DELIVERY_TIMEOUT, DEFAULT_TIMEOUT, Destination, QStashConfig,
-    RetrySchedule,
+    QUEUE_PLACEHOLDER, RetrySchedule,
 };
 pub use error::QStashError;
 pub use receiver::{

@@ -345,3 +345,40 @@ fn configuration_mistakes_fail_at_startup_and_secrets_stay_hidden() {
     let q = QStashQueue::new(QStashConfig::new("very-secret-token")).unwrap();
     assert!(!format!("{q:?}").contains("very-secret-token"));
 }
+
+#[tokio::test]
+async fn a_destination_template_serves_every_queue_without_its_own_destination() {
+    let fake = paused_fake().await;
+    let config = QStashConfig::new(fake.token())
+        .with_base_url(fake.base_url())
+        .with_destination(queue("billing.invoices"), Destination::new(ENDPOINT))
+        .with_destination_template(
+            Destination::new("http://127.0.0.1:9/q/{queue}").via_queue("jobs-{queue}"),
+        )
+        .expect("a template with the placeholder");
+    let client = QStashQueue::new(config).expect("valid config");
+    for (n, name) in [(1, "billing.invoices"), (2, "notif.email.marketing")] {
+        let envelope = fixtures::envelope(1, n);
+        client
+            .publish(&queue(name), &envelope, PublishOptions::default())
+            .await
+            .expect("publish");
+    }
+    let messages = fake.messages();
+    assert_eq!(messages[0].url, ENDPOINT, "a queue's own destination wins");
+    assert_eq!(messages[0].queue, None);
+    assert_eq!(
+        messages[1].url,
+        "http://127.0.0.1:9/q/notif.email.marketing"
+    );
+    assert_eq!(
+        messages[1].queue.as_deref(),
+        Some("jobs-notif.email.marketing")
+    );
+
+    let refused = QStashConfig::new("t")
+        .with_destination_template(Destination::new("http://127.0.0.1:9/all"))
+        .expect_err("every queue on one endpoint is refused");
+    assert!(matches!(refused, QStashError::InvalidDestination(_)));
+    fake.shutdown().await;
+}

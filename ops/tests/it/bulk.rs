@@ -135,8 +135,14 @@ async fn status(store: &dyn DeadLetterStore, id: DeadLetterId) -> DeadLetterStat
     store.get(id).await.expect("get").expect("exists").status
 }
 
-/// Everything the operator does to dead letters, against the store at `url`.
-async fn review(url: &str, store: Arc<dyn DeadLetterStore>, processed: Arc<dyn ProcessedJobs>) {
+/// Everything the operator does to dead letters, against the store at `url`, replaying to the
+/// queue at `queue_url`. Returns the job ids replayed, in no particular order.
+async fn review(
+    url: &str,
+    queue_url: &str,
+    store: Arc<dyn DeadLetterStore>,
+    processed: Arc<dyn ProcessedJobs>,
+) -> BTreeSet<JobId> {
     let (mine, theirs) = (store.clone(), processed);
     let journal = std::env::temp_dir().join(format!(
         "jobsctl-journal-{}-{}",
@@ -194,7 +200,7 @@ async fn review(url: &str, store: Arc<dyn DeadLetterStore>, processed: Arc<dyn P
         "the default in-process queue would lose the replay: {default_queue:?}"
     );
     assert_eq!(status(&*mine, b1.id).await, DeadLetterStatus::PendingReview);
-    let replay = ["dead-letters", "replay", "--queue-url", "memory:"];
+    let replay = ["dead-letters", "replay", "--queue-url", queue_url];
     let b1_id = b1.id.to_string();
     let once = run(&[&replay[..], &[b1_id.as_str()]].concat());
     assert!(once.status.success(), "{once:?}");
@@ -284,6 +290,12 @@ async fn review(url: &str, store: Arc<dyn DeadLetterStore>, processed: Arc<dyn P
     assert!(discard.status.success(), "{discard:?}");
     assert_eq!(results(&discard), [(poison.0, "discarded".to_owned())]);
     let _ = std::fs::remove_dir_all(&journal);
+    let mut replayed = BTreeSet::from([job]);
+    for id in ones {
+        let letter = store.get(id).await.expect("get").expect("exists");
+        replayed.insert(letter.letter.job_id.expect("a job id"));
+    }
+    replayed
 }
 
 #[tokio::test]
@@ -293,7 +305,14 @@ async fn dead_letters_from_a_real_worker_are_reviewed_replayed_and_discarded_on_
     assert!(migrated.status.success(), "{migrated:?}");
     let store = SqliteStore::open(&db.0).await.expect("open");
     produce(store.clone(), 4).await;
-    review(&db.url(), Arc::new(store.clone()), Arc::new(store.clone())).await;
+    // In-process: what is replayed is lost when jobsctl exits; only the store is checked.
+    review(
+        &db.url(),
+        "memory:",
+        Arc::new(store.clone()),
+        Arc::new(store.clone()),
+    )
+    .await;
     store.pool().close().await;
 }
 
@@ -304,7 +323,34 @@ async fn dead_letters_from_a_real_worker_are_reviewed_replayed_and_discarded_on_
     assert!(migrated.status.success(), "{migrated:?}");
     let store = PgStore::from_pool(db.pool().await);
     produce(store.clone(), 4).await;
-    review(&db.url, Arc::new(store.clone()), Arc::new(store.clone())).await;
+    let queue_url = db.url.replacen("postgres", "postgres-queue", 1);
+    let replayed = review(
+        &db.url,
+        &queue_url,
+        Arc::new(store.clone()),
+        Arc::new(store.clone()),
+    )
+    .await;
+    // Every replay, the interrupted bulk run and its resumption included, reached the durable
+    // queue exactly once.
+    let queued: Vec<(String,)> = sqlx::query_as(
+        "select convert_from(payload, 'UTF8')::jsonb->>'job_id' from core.jobs \
+         where queue = $1 order by id",
+    )
+    .bind(QUEUE)
+    .fetch_all(store.pool())
+    .await
+    .expect("read the queue");
+    let queued: Vec<JobId> = queued
+        .into_iter()
+        .map(|(id,)| id.parse().expect("a job id"))
+        .collect();
+    assert_eq!(queued.len(), replayed.len(), "nothing doubled: {queued:?}");
+    assert_eq!(
+        queued.into_iter().collect::<BTreeSet<_>>(),
+        replayed,
+        "nothing lost"
+    );
     store.pool().close().await;
     db.drop_db().await;
 }

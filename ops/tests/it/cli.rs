@@ -9,11 +9,19 @@ use jobs_adapter_sqlite::SqliteStore;
 use jobs_core::{DeadLetterStore, NewDeadLetter, QueueName};
 
 pub(crate) fn jobsctl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_jobsctl"))
-        .args(args)
-        .env_remove("DATABASE_URL")
-        .env_remove("JOBS_QUEUE_URL")
-        .env_remove("JOBS_CONFIG")
+    jobsctl_with(args, &[])
+}
+
+/// `jobsctl` with `args`, configured only by `env` (every other configuration variable
+/// removed, so the machine's environment cannot leak in).
+pub(crate) fn jobsctl_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_jobsctl"));
+    command.args(args).env_remove(jobs_ops::compose::CONFIG_ENV);
+    for key in jobs_ops::compose::KEYS {
+        command.env_remove(key.env);
+    }
+    command
+        .envs(env.iter().copied())
         .output()
         .expect("jobsctl runs")
 }
@@ -257,11 +265,60 @@ async fn cron_tick_dry_run_plans_the_tenants_whose_tier_is_due() {
         "{text}"
     );
 
-    let publish = jobsctl(&["cron", "tick", "--at", at, "--database-url", &db.url]);
+    let nowhere = jobsctl(&["cron", "tick", "--at", at, "--database-url", &db.url]);
     assert_eq!(
-        publish.status.code(),
-        Some(1),
-        "no durable queue yet: {publish:?}"
+        nowhere.status.code(),
+        Some(2),
+        "the default in-process queue would lose the fan-out: {nowhere:?}"
     );
+
+    // Fired for real into the PostgreSQL queue, twice (a second operator, or a scheduler
+    // that also fired the slot): the jobs derived from (task, tenant, slot) are queued once.
+    let queue_url = db.url.replacen("postgres", "postgres-queue", 1);
+    let fire = || {
+        jobsctl(&[
+            "cron",
+            "tick",
+            "--at",
+            at,
+            "--database-url",
+            &db.url,
+            "--queue-url",
+            &queue_url,
+        ])
+    };
+    let first = fire();
+    assert!(first.status.success(), "{first:?}");
+    assert!(
+        stdout(&first).contains("published to postgres-queue"),
+        "{first:?}"
+    );
+    let again = fire();
+    assert!(again.status.success(), "{again:?}");
+    let pool = db.pool().await;
+    let queued: Vec<(String, String, String)> = sqlx::query_as(
+        "select queue, convert_from(payload, 'UTF8')::jsonb->>'kind', tenant_id::text \
+         from core.jobs order by queue, tenant_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("read the queue");
+    let freshness: Vec<&str> = queued
+        .iter()
+        .filter(|(_, kind, _)| kind == "core.data_freshness")
+        .map(|(_, _, tenant)| tenant.as_str())
+        .collect();
+    assert_eq!(
+        freshness,
+        [
+            "00000000-0000-4000-8000-000000000001",
+            "00000000-0000-4000-8000-000000000002"
+        ],
+        "the tenants due at 06:00, once each: {queued:?}"
+    );
+    let mut distinct = queued.clone();
+    distinct.dedup();
+    assert_eq!(distinct, queued, "nothing doubled by the second tick");
+    pool.close().await;
     db.drop_db().await;
 }

@@ -8,4 +8,5 @@ mod model;
 mod pg;
 mod postgres;
 mod publish;
+mod transports;
 mod vercel;

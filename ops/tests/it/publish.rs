@@ -142,13 +142,13 @@ fn publish_refuses_bad_input_before_sending_anything() {
         stderr(&unconfigured)
     );
 
-    let unknown = publish(&["--queue-url", "qstash://token@eu"]);
+    let unknown = publish(&["--queue-url", "kafka://user:secret@broker"]);
     assert_eq!(unknown.status.code(), Some(2), "{unknown:?}");
     assert!(
         stderr(&unknown).contains("--queue-url")
-            && stderr(&unknown).contains("`qstash:`")
+            && stderr(&unknown).contains("`kafka:`")
             && stderr(&unknown).contains("accepted: memory:")
-            && !stderr(&unknown).contains("token@eu"),
+            && !stderr(&unknown).contains("secret"),
         "{}",
         stderr(&unknown)
     );
