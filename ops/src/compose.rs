@@ -14,7 +14,7 @@
 //! | store | `postgres://…`, `postgresql://…` | [`PgStore`] |
 //! | queue | `memory:` | [`MemoryQueue`], in this process only |
 //! | queue | `postgres-queue://…` (a `postgres://` URL with `-queue`) | [`PgQueue`] over `core.jobs` |
-//! | queue | `vercel-queues://REGION` | [`VercelQueues`] from the `vercel_queues.*` keys |
+//! | queue | `vercel-queues://REGION` | [`VercelQueues`] from the `vercel_queues.*` keys; with `depth_url`, counted in Redis by [`CountedQueue`] |
 //! | queue | `qstash:` or `qstash://REGION` | [`QStashQueue`] (publish only) from the `qstash.*` keys |
 //! | rate limiter | `memory:` | [`MemoryRateLimiter`], in this process only |
 //! | rate limiter | `redis://…`, `rediss://…` | [`RedisRateLimiter`] under `rate_limit_prefix` |
@@ -34,7 +34,7 @@ use jobs_adapter_betterstack::{BetterStackAlerter, BetterStackConfig, BetterStac
 use jobs_adapter_memory::{MemoryQueue, MemoryRateLimiter};
 use jobs_adapter_postgres::{PgQueue, PgStore};
 use jobs_adapter_qstash::{Destination, QStashConfig, QStashQueue, SigningKeys};
-use jobs_adapter_redis::RedisRateLimiter;
+use jobs_adapter_redis::{CountedQueue, DEFAULT_HORIZON, RedisRateLimiter};
 use jobs_adapter_sqlite::SqliteStore;
 use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueuesConfig};
 use jobs_core::{
@@ -149,6 +149,16 @@ pub const BETTERSTACK_BASE_URL: Key = Key {
     default: Some(jobs_adapter_betterstack::DEFAULT_BASE_URL),
     secret: false,
     about: "BetterStack's API base URL (a local fake in tests)",
+};
+
+/// Where transports without a depth API keep an approximate one.
+pub const DEPTH_URL: Key = Key {
+    name: "depth_url",
+    flag: None,
+    env: "JOBS_DEPTH_URL",
+    default: None,
+    secret: true,
+    about: "redis://… counting depth for transports that report none (vercel-queues)",
 };
 
 /// The OIDC token Vercel Queues accepts.
@@ -271,6 +281,7 @@ pub const KEYS: &[Key] = &[
     BETTERSTACK_TOKEN,
     BETTERSTACK_REQUESTER_EMAIL,
     BETTERSTACK_BASE_URL,
+    DEPTH_URL,
     VERCEL_QUEUES_TOKEN,
     VERCEL_QUEUES_BASE_URL,
     VERCEL_QUEUES_CONSUMER_GROUP,
@@ -682,10 +693,18 @@ impl Queue {
             }
             "vercel-queues" => {
                 let vercel = vercel_queues(config, url)?;
+                let Some(counted) = counted(config, &vercel)? else {
+                    return Ok(queue(
+                        Arc::new(vercel.clone()),
+                        Some(Arc::new(vercel)),
+                        None,
+                        true,
+                    ));
+                };
                 Ok(queue(
-                    Arc::new(vercel.clone()),
-                    Some(Arc::new(vercel)),
-                    None,
+                    Arc::new(counted.clone()),
+                    Some(Arc::new(counted.clone())),
+                    Some(Arc::new(counted)),
                     true,
                 ))
             }
@@ -723,6 +742,33 @@ async fn pg_queue(url: &str) -> Result<PgQueue, ComposeError> {
         .await
         .map_err(|e| ComposeError::Queue(e.to_string()))?;
     Ok(PgQueue::new(store.pool().clone()))
+}
+
+/// `transport` counted in the Redis [`DEPTH_URL`] names (keys `jobs:depth:<queue>`), or
+/// `None` when it is not set. Publishers and workers must all go through the count for it to
+/// hold; a count that misses an ack is repaired after [`DEFAULT_HORIZON`].
+fn counted(
+    config: &Config,
+    transport: &VercelQueues,
+) -> Result<Option<CountedQueue>, ComposeError> {
+    let Some(url) = config.get(&DEPTH_URL) else {
+        return Ok(None);
+    };
+    if !matches!(scheme(url), "redis" | "rediss") {
+        return Err(config.unsupported(&DEPTH_URL, &["redis://…", "rediss://…"]));
+    }
+    let client =
+        jobs_adapter_redis::redis::Client::open(url).map_err(|e| ComposeError::Invalid {
+            key: DEPTH_URL.describe(),
+            message: e.to_string(),
+        })?;
+    Ok(Some(CountedQueue::new(
+        Arc::new(transport.clone()),
+        Arc::new(transport.clone()),
+        client,
+        "jobs",
+        DEFAULT_HORIZON,
+    )))
 }
 
 /// `vercel-queues://REGION`, the token from [`VERCEL_QUEUES_TOKEN`].

@@ -118,6 +118,66 @@ async fn publish_reaches_vercel_queues() {
     let vercel = VercelQueues::new(config).unwrap();
     assert_eq!(take_one(&vercel).await.job_id, job);
 
+    // Vercel has no depth API; with depth_url the composition counts it in Redis.
+    let no_depth = jobsctl_with(
+        &[
+            "queues",
+            "--queue",
+            QUEUE,
+            "--queue-url",
+            "vercel-queues://iad1",
+        ],
+        &env,
+    );
+    assert_eq!(no_depth.status.code(), Some(1), "{no_depth:?}");
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let counted_env = [&env[..], &[("JOBS_DEPTH_URL", redis.as_str())]].concat();
+    let other = format!("ops.depth_{}", JobId::generate().as_uuid().simple());
+    let publish_other = jobsctl_with(
+        &[
+            "publish",
+            "--queue",
+            &other,
+            "--kind",
+            "k.k",
+            "--tenant",
+            TENANT,
+            "--queue-url",
+            "vercel-queues://iad1",
+            "--delay",
+            "1h",
+        ],
+        &counted_env,
+    );
+    assert!(publish_other.status.success(), "{publish_other:?}");
+    let depth = jobsctl_with(
+        &[
+            "queues",
+            "--queue",
+            &other,
+            "--json",
+            "--queue-url",
+            "vercel-queues://iad1",
+        ],
+        &counted_env,
+    );
+    assert!(depth.status.success(), "{depth:?}");
+    let depth: serde_json::Value = serde_json::from_slice(&depth.stdout).expect("JSON");
+    assert_eq!(
+        depth["delayed"], 1,
+        "the delayed publish was counted: {depth}"
+    );
+    let client = jobs_adapter_redis::redis::Client::open(redis.as_str()).expect("a Redis URL");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis is running");
+    let _: () = jobs_adapter_redis::redis::cmd("DEL")
+        .arg(format!("jobs:depth:{other}"))
+        .query_async(&mut connection)
+        .await
+        .expect("drop the test's key");
+
     let no_token = jobsctl_with(
         &[
             "publish",
