@@ -664,60 +664,55 @@ impl Queue {
     /// Builds the transport [`QUEUE_URL`] names. One arm per scheme.
     pub async fn connect(config: &Config) -> Result<Queue, ComposeError> {
         let url = config.require(&QUEUE_URL)?;
-        let scheme_of_url = scheme(url).to_owned();
-        let queue = |publisher, consumer, depth, durable| Queue {
-            scheme: scheme_of_url.clone(),
-            publisher,
-            consumer,
-            depth,
-            durable,
-        };
-        match scheme(url) {
+        let scheme_of_url = scheme(url);
+        match scheme_of_url {
             "memory" => {
                 let memory = MemoryQueue::new(Arc::new(SystemClock));
-                Ok(queue(
-                    Arc::new(memory.clone()),
-                    Some(Arc::new(memory.clone())),
-                    Some(Arc::new(memory)),
-                    false,
-                ))
+                Ok(Queue::pull(scheme_of_url, memory, false))
             }
             "postgres-queue" | "postgresql-queue" => {
-                let pg = pg_queue(url).await?;
-                Ok(queue(
-                    Arc::new(pg.clone()),
-                    Some(Arc::new(pg.clone())),
-                    Some(Arc::new(pg)),
-                    true,
-                ))
+                Ok(Queue::pull(scheme_of_url, pg_queue(url).await?, true))
             }
             "vercel-queues" => {
                 let vercel = vercel_queues(config, url)?;
-                let Some(counted) = counted(config, &vercel)? else {
-                    return Ok(queue(
-                        Arc::new(vercel.clone()),
-                        Some(Arc::new(vercel)),
-                        None,
-                        true,
-                    ));
-                };
-                Ok(queue(
-                    Arc::new(counted.clone()),
-                    Some(Arc::new(counted.clone())),
-                    Some(Arc::new(counted)),
-                    true,
-                ))
+                match counted(config, &vercel)? {
+                    Some(counted) => Ok(Queue::pull(scheme_of_url, counted, true)),
+                    None => Ok(Queue {
+                        scheme: scheme_of_url.to_owned(),
+                        publisher: Arc::new(vercel.clone()),
+                        consumer: Some(Arc::new(vercel)),
+                        depth: None,
+                        durable: true,
+                    }),
+                }
             }
             "qstash" => {
                 let qstash = qstash(config, url)?;
-                Ok(queue(
-                    Arc::new(qstash.clone()),
-                    None,
-                    Some(Arc::new(qstash)),
-                    true,
-                ))
+                Ok(Queue {
+                    scheme: scheme_of_url.to_owned(),
+                    publisher: Arc::new(qstash.clone()),
+                    consumer: None,
+                    depth: Some(Arc::new(qstash)),
+                    durable: true,
+                })
             }
             _ => Err(config.unsupported(&QUEUE_URL, QUEUE_SCHEMES)),
+        }
+    }
+}
+
+impl Queue {
+    /// A pull transport that reports depth: every port from the one `transport`.
+    fn pull<T>(scheme: &str, transport: T, durable: bool) -> Queue
+    where
+        T: QueuePort + ConsumerPort + QueueDepth + Clone + 'static,
+    {
+        Queue {
+            scheme: scheme.to_owned(),
+            publisher: Arc::new(transport.clone()),
+            consumer: Some(Arc::new(transport.clone())),
+            depth: Some(Arc::new(transport)),
+            durable,
         }
     }
 }

@@ -16,13 +16,13 @@ use crate::cli::jobsctl_with;
 const TENANT: &str = "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90";
 const QUEUE: &str = "billing.invoices";
 
-/// `jobsctl publish` of one invoice to `queue_url` with `env`, returning the printed job id.
-fn publish(queue_url: &str, env: &[(&str, &str)], extra: &[&str]) -> JobId {
+/// `jobsctl publish` of one invoice to `queue` through `queue_url`, configured by `env`.
+fn publish_to(queue: &str, queue_url: &str, env: &[(&str, &str)], extra: &[&str]) -> Output {
     let args = [
         &[
             "publish",
             "--queue",
-            QUEUE,
+            queue,
             "--kind",
             "billing.invoice_issued",
             "--tenant",
@@ -35,7 +35,12 @@ fn publish(queue_url: &str, env: &[(&str, &str)], extra: &[&str]) -> JobId {
         extra,
     ]
     .concat();
-    let output = jobsctl_with(&args, env);
+    jobsctl_with(&args, env)
+}
+
+/// [`publish_to`] the test queue, returning the printed job id.
+fn publish(queue_url: &str, env: &[(&str, &str)], extra: &[&str]) -> JobId {
+    let output = publish_to(QUEUE, queue_url, env, extra);
     assert!(output.status.success(), "{output:?}");
     String::from_utf8_lossy(&output.stdout)
         .trim()
@@ -133,21 +138,11 @@ async fn publish_reaches_vercel_queues() {
     let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let counted_env = [&env[..], &[("JOBS_DEPTH_URL", redis.as_str())]].concat();
     let other = format!("ops.depth_{}", JobId::generate().as_uuid().simple());
-    let publish_other = jobsctl_with(
-        &[
-            "publish",
-            "--queue",
-            &other,
-            "--kind",
-            "k.k",
-            "--tenant",
-            TENANT,
-            "--queue-url",
-            "vercel-queues://iad1",
-            "--delay",
-            "1h",
-        ],
+    let publish_other = publish_to(
+        &other,
+        "vercel-queues://iad1",
         &counted_env,
+        &["--delay", "1h"],
     );
     assert!(publish_other.status.success(), "{publish_other:?}");
     let depth = jobsctl_with(
@@ -178,20 +173,7 @@ async fn publish_reaches_vercel_queues() {
         .await
         .expect("drop the test's key");
 
-    let no_token = jobsctl_with(
-        &[
-            "publish",
-            "--queue",
-            QUEUE,
-            "--kind",
-            "k.k",
-            "--tenant",
-            TENANT,
-            "--queue-url",
-            "vercel-queues://iad1",
-        ],
-        &[],
-    );
+    let no_token = publish_to(QUEUE, "vercel-queues://iad1", &[], &[]);
     assert_eq!(no_token.status.code(), Some(2), "{no_token:?}");
     assert!(
         String::from_utf8_lossy(&no_token.stderr).contains("VERCEL_OIDC_TOKEN"),
