@@ -13,8 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use jobs_core::{Clock, ManualClock};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::TimeTravel;
@@ -114,33 +113,19 @@ impl VercelQueuesEmulator {
         self.clock.clone()
     }
 
-    /// Calls the wrapper's clock route with a plain HTTP/1.1 exchange.
+    /// Calls the wrapper's clock route.
     async fn clock_call(&self, method: &str, body: &str) -> SystemTime {
-        let address = self.base_url.trim_start_matches("http://");
-        let mut stream = TcpStream::connect(address)
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("an HTTP method");
+        let answer = reqwest::Client::new()
+            .request(method, format!("{}/__emulator/clock", self.base_url))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
             .await
-            .expect("connecting to the emulator");
-        let request = format!(
-            "{method} /__emulator/clock HTTP/1.1\r\nHost: {address}\r\nContent-Type: \
-             application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .expect("writing to the emulator");
-        let mut response = String::new();
-        stream
-            .read_to_string(&mut response)
-            .await
-            .expect("reading the emulator's answer");
-        let (head, json) = response
-            .split_once("\r\n\r\n")
-            .expect("an HTTP answer from the emulator");
-        assert!(
-            head.starts_with("HTTP/1.1 200"),
-            "clock route answered {head}"
-        );
+            .expect("the emulator answers");
+        let status = answer.status();
+        let json = answer.text().await.expect("reading the emulator's answer");
+        assert!(status.is_success(), "clock route answered {status}: {json}");
         let now: serde_json::Value = serde_json::from_str(json.trim()).expect("a JSON body");
         UNIX_EPOCH + Duration::from_secs_f64(now["now"].as_f64().expect("now in seconds"))
     }

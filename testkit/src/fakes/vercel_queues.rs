@@ -52,8 +52,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::{Server, fresh_secret};
 
@@ -1201,82 +1199,33 @@ fn error(status: StatusCode, message: &str) -> Response {
     json_response(status, &json!({ "error": message }))
 }
 
-/// A minimal HTTP/1.1 client (one request per connection) for push callbacks and tests: the
-/// status, the headers (names lower-cased) and the body of the answer.
+/// One HTTP exchange, for push callbacks and tests: the status, the headers (names
+/// lower-cased) and the body of the answer.
 async fn http_request(
     method: &str,
     url: &str,
     headers: &[(String, String)],
     body: &[u8],
 ) -> std::io::Result<(u16, Vec<(String, String)>, Vec<u8>)> {
-    let invalid =
-        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| invalid("only http:// URLs are supported"))?;
-    let (authority, path) = rest.find('/').map_or((rest, "/"), |at| rest.split_at(at));
-    let address = if authority.contains(':') {
-        authority.to_owned()
-    } else {
-        format!("{authority}:80")
-    };
-    let mut stream = TcpStream::connect(address).await?;
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let failed = |e: reqwest::Error| std::io::Error::other(e.to_string());
+    let method = reqwest::Method::from_bytes(method.as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let mut request = reqwest::Client::new().request(method, url).body(body.to_vec());
     for (name, value) in headers {
-        let _ = write!(request, "{name}: {value}\r\n");
+        request = request.header(name.as_str(), value.as_str());
     }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    stream.write_all(body).await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?;
-    let split = find(&answer, b"\r\n\r\n").ok_or_else(|| invalid("no end of headers"))?;
-    let head = String::from_utf8_lossy(&answer[..split]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|line| line.split(' ').nth(1))
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| invalid("no status line"))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            Some((name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+    let answer = request.send().await.map_err(failed)?;
+    let status = answer.status().as_u16();
+    let headers = answer
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.as_str().to_owned(), value)
         })
         .collect();
-    let mut content = answer[split + 4..].to_vec();
-    let chunked = headers
-        .iter()
-        .any(|(n, v)| n == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
-    if chunked {
-        content = dechunk(&content).ok_or_else(|| invalid("bad chunked body"))?;
-    } else if let Some(length) = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse::<usize>().ok())
-    {
-        content.truncate(length);
-    }
-    Ok((status, headers, content))
-}
-
-/// Decodes a chunked transfer-encoded body.
-fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        let line_end = find(data, b"\r\n")?;
-        let size_text = std::str::from_utf8(&data[..line_end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        data = &data[line_end + 2..];
-        if size == 0 {
-            return Some(body);
-        }
-        body.extend_from_slice(data.get(..size)?);
-        data = data.get(size + 2..)?;
-    }
+    let body = answer.bytes().await.map_err(failed)?.to_vec();
+    Ok((status, headers, body))
 }
 
 #[cfg(test)]
@@ -1956,14 +1905,5 @@ mod tests {
         assert_eq!(iso(at), "2026-11-30T23:30:00.123Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(iso(leap), "2000-02-29T00:00:00.000Z");
-    }
-
-    #[test]
-    fn chunked_bodies_are_decoded() {
-        assert_eq!(
-            dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").as_deref(),
-            Some(&b"abcde"[..])
-        );
-        assert_eq!(dechunk(b"5\r\nab"), None);
     }
 }
