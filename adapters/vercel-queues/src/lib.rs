@@ -191,7 +191,7 @@ impl VercelQueues {
         {
             Ok(answer) if answer.status.is_success() => answer,
             Ok(answer) => return each(messages.len(), || answer.rejected(queue)),
-            Err(e) => return each(messages.len(), || same_error(&e)),
+            Err(e) => return each(messages.len(), || same_error(&e, queue)),
         };
         #[derive(Deserialize)]
         struct Results {
@@ -380,7 +380,7 @@ fn unavailable(queue: &QueueName, message: String) -> QueueError {
 }
 
 /// The same failure again, for each item of a batch that failed as a whole.
-fn same_error(e: &QueueError) -> QueueError {
+fn same_error(e: &QueueError, queue: &QueueName) -> QueueError {
     match e {
         QueueError::RateLimited { queue, retry_after } => QueueError::RateLimited {
             queue: queue.clone(),
@@ -391,11 +391,7 @@ fn same_error(e: &QueueError) -> QueueError {
         },
         QueueError::Rejected { queue, reason } => rejected(queue, reason),
         QueueError::Unavailable { queue, message, .. } => unavailable(queue, message.clone()),
-        other => QueueError::Unavailable {
-            queue: "unknown".parse().expect("a valid name"),
-            message: other.to_string(),
-            source: None,
-        },
+        other => unavailable(queue, other.to_string()),
     }
 }
 
