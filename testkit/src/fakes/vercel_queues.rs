@@ -1210,7 +1210,9 @@ async fn http_request(
     let failed = |e: reqwest::Error| std::io::Error::other(e.to_string());
     let method = reqwest::Method::from_bytes(method.as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-    let mut request = reqwest::Client::new().request(method, url).body(body.to_vec());
+    let mut request = reqwest::Client::new()
+        .request(method, url)
+        .body(body.to_vec());
     for (name, value) in headers {
         request = request.header(name.as_str(), value.as_str());
     }
