@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -15,6 +15,8 @@ use jobs_core::{
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::types::Uuid;
 use sqlx::{Acquire, PgConnection, PgPool, Row};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::convert::{from_timestamp, to_timestamp};
@@ -55,6 +57,10 @@ pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc
 /// [`PgQueue::with_clock`] says otherwise), never from the server, so tests move time by hand.
 /// The schema comes from [`PgStore::migrate`](crate::PgStore::migrate).
 ///
+/// Idle workers of the runtime wake through [`ConsumerPort::wait_for_work`] (one shared
+/// LISTEN connection per queue and its clones); a loop of its own, as below, can hold a
+/// [`Wakeups`] instead.
+///
 /// ```no_run
 /// use jobs_adapter_postgres::{PgQueue, PgStore};
 /// use jobs_core::{ConsumerPort, QueueName};
@@ -79,6 +85,7 @@ pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc
 pub struct PgQueue {
     pool: PgPool,
     clock: Arc<dyn Clock>,
+    hub: Arc<Hub>,
 }
 
 impl fmt::Debug for PgQueue {
@@ -103,6 +110,7 @@ impl PgQueue {
     /// system clock.
     pub fn new(pool: PgPool) -> Self {
         PgQueue {
+            hub: Arc::new(Hub::new(pool.clone())),
             pool,
             clock: Arc::new(SystemClock),
         }
@@ -581,6 +589,15 @@ impl ConsumerPort for PgQueue {
         deliveries(queue, rows)
     }
 
+    /// Resolves at the next `core_jobs` notification for `queue` (a committed insert), or one
+    /// that came since the last wait; also when the shared listener (re)connects, since
+    /// notifications sent while it was not listening are lost. One LISTEN connection serves
+    /// every clone of this queue, started by the first wait.
+    async fn wait_for_work(&self, queue: &QueueName) {
+        let waker = self.hub.waker(queue.as_str());
+        waker.notified().await;
+    }
+
     /// Deletes the row, if this lease still holds it.
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.settle(lease, fenced!("delete from core.jobs"), None)
@@ -668,6 +685,119 @@ pub trait BatchHandler: Send + Sync {
     async fn handle(&self, conn: &mut PgConnection, envelope: &Envelope) -> Result<(), BatchError>;
 }
 
+/// The LISTEN connection behind [`ConsumerPort::wait_for_work`], shared by a queue's clones:
+/// a task forwards each notification to its queue's [`Notify`], which keeps one wake-up for
+/// the next waiter when nobody waits.
+struct Hub {
+    pool: PgPool,
+    state: Mutex<HubState>,
+}
+
+#[derive(Default)]
+struct HubState {
+    wakers: HashMap<String, Arc<Notify>>,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl Hub {
+    fn new(pool: PgPool) -> Self {
+        Hub {
+            pool,
+            state: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
+        // Every mutation leaves the state consistent before it can panic.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The wake-up of `queue`, starting the listener task if it is not running (first use,
+    /// or its runtime ended).
+    fn waker(self: &Arc<Self>, queue: &str) -> Arc<Notify> {
+        let mut state = self.lock();
+        if state.listener.as_ref().is_none_or(JoinHandle::is_finished) {
+            let hub = Arc::downgrade(self);
+            state.listener = Some(tokio::spawn(listen(hub, self.pool.clone())));
+        }
+        state.wakers.entry(queue.to_owned()).or_default().clone()
+    }
+
+    /// Wakes every waiter on `queue` and keeps a wake-up for the next.
+    fn wake(&self, queue: &str) {
+        let waker = self
+            .lock()
+            .wakers
+            .entry(queue.to_owned())
+            .or_default()
+            .clone();
+        waker.notify_waiters();
+        waker.notify_one();
+    }
+
+    /// Wakes every queue: notifications may have been missed.
+    fn wake_all(&self) {
+        let wakers: Vec<Arc<Notify>> = self.lock().wakers.values().cloned().collect();
+        for waker in wakers {
+            waker.notify_waiters();
+            waker.notify_one();
+        }
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        if let Some(task) = self.lock().listener.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The listener task: LISTEN on `core_jobs` and forward each notification, until the hub is
+/// dropped. Each (re)connection wakes every queue, because what was notified while it was
+/// not listening is lost; a failing connection is retried with a capped backoff, meanwhile
+/// waiters fall back on their polls.
+async fn listen(hub: Weak<Hub>, pool: PgPool) {
+    const BACKOFF: Duration = Duration::from_millis(100);
+    let mut backoff = BACKOFF;
+    loop {
+        let connected = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        }
+        .await;
+        let mut listener = match connected {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::warn!(error = %e, "LISTEN failed; workers poll until it is back");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
+        backoff = BACKOFF;
+        let Some(live) = hub.upgrade() else { return };
+        live.wake_all();
+        drop(live);
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(note)) => {
+                    let Some(live) = hub.upgrade() else { return };
+                    live.wake(note.payload());
+                }
+                // The connection dropped: reconnect, then wake every queue, since anything
+                // sent meanwhile is lost.
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the LISTEN connection failed; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
 /// How a [`Wakeups::wait`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
@@ -678,8 +808,9 @@ pub enum Wake {
     Polled,
 }
 
-/// LISTEN on `core_jobs`, with polling as the fallback: a worker loop awaits
-/// [`Wakeups::wait`] when a receive came back empty.
+/// LISTEN on `core_jobs` on a connection of its own, with polling as the fallback: a loop
+/// outside the runtime (around [`PgQueue::consume_batch`]) awaits [`Wakeups::wait`] when a
+/// batch came back empty. The runtime uses [`ConsumerPort::wait_for_work`] instead.
 ///
 /// Notifications that arrive between two waits are kept by the connection, so a job
 /// published just after an empty receive still wakes the next wait.

@@ -351,6 +351,91 @@ async fn wakeups_report_inserts_on_their_queue_and_poll_otherwise() {
     .await;
 }
 
+/// Whether `wait` is resolved without waiting: polled once, at a deadline already past.
+async fn resolved(wait: impl std::future::Future<Output = ()>) -> bool {
+    tokio::time::timeout(Duration::ZERO, wait).await.is_ok()
+}
+
+/// Waits for `wait`, failing the test rather than hanging if it never resolves.
+async fn resolves(wait: impl std::future::Future<Output = ()>, what: &str) {
+    tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_work_resolves_for_each_committed_publish_to_its_queue() {
+    with_databases(|dbs| async move {
+        let (queue, _clock) = queue(&dbs).await;
+        let q = name("wake.port");
+        let other = name("wake.elsewhere");
+        // The first wait starts the shared listener, which wakes every waiter once it listens
+        // (what was published before it listened would otherwise be missed).
+        resolves(queue.wait_for_work(&q), "the listener never started").await;
+        let _ = resolved(queue.wait_for_work(&q)).await; // a spare wake-up, if any
+        assert!(
+            !resolved(queue.wait_for_work(&q)).await,
+            "nothing was published"
+        );
+
+        // An empty receive, then a publish that may land before the wait: still woken.
+        assert!(
+            queue
+                .receive(&q, 10, LEASE)
+                .await
+                .expect("receive")
+                .is_empty()
+        );
+        queue
+            .publish(&q, &fixtures::envelope(1, 1), PublishOptions::default())
+            .await
+            .expect("publish");
+        resolves(queue.wait_for_work(&q), "the publish did not wake the wait").await;
+        let _ = resolved(queue.wait_for_work(&q)).await;
+
+        // Another clone shares the listener; a publish elsewhere or a rolled back one does not
+        // wake `q`. Notifications arrive in order, so once `other` is woken by the publish
+        // after them, they have been handled.
+        let clone = queue.clone();
+        let mut tx = queue.pool().begin().await.expect("begin");
+        queue
+            .publish_in(
+                &mut tx,
+                &q,
+                &fixtures::envelope(1, 2),
+                PublishOptions::default(),
+            )
+            .await
+            .expect("publish");
+        tx.rollback().await.expect("roll back");
+        queue
+            .publish(&other, &fixtures::envelope(1, 3), PublishOptions::default())
+            .await
+            .expect("publish");
+        resolves(clone.wait_for_work(&other), "the clone was not woken").await;
+        assert!(
+            !resolved(queue.wait_for_work(&q)).await,
+            "woken by another queue or a rolled back insert"
+        );
+
+        // A wait already under way is woken too.
+        let waiting = tokio::spawn({
+            let (clone, q) = (clone.clone(), q.clone());
+            async move { clone.wait_for_work(&q).await }
+        });
+        queue
+            .publish(&q, &fixtures::envelope(1, 4), PublishOptions::default())
+            .await
+            .expect("publish");
+        resolves(
+            async { waiting.await.expect("the wait") },
+            "the waiting task was not woken",
+        )
+        .await;
+    })
+    .await;
+}
+
 fn write_effect(tx: &mut PgWorkTx, key: String) -> BoxFuture<'_, Result<(), StoreError>> {
     Box::pin(async move {
         sqlx::query("insert into model_effects (key) values ($1)")
