@@ -250,11 +250,15 @@ impl PgQueue {
             let run_at = now + job.opts.delay_value().unwrap_or_default();
             run_ats.push(timestamp(queue, run_at)?);
         }
-        let inserted: Vec<(i64, String)> = sqlx::query_as(
-            "insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at) \
-             select $1, k, p, t, v, $6 \
-             from unnest($2::text[], $3::bytea[], $4::uuid[], $5::timestamptz[]) as u(k, p, t, v) \
-             on conflict (queue, dedup_key) do nothing returning id, dedup_key",
+        // The receipts come back as one row of two arrays: a row per job costs the client
+        // more than the insert costs the server.
+        let (ids, inserted_keys): (Vec<i64>, Vec<String>) = sqlx::query_as(
+            "with new as ( \
+                 insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at) \
+                 select $1, k, p, t, v, $6 \
+                 from unnest($2::text[], $3::bytea[], $4::uuid[], $5::timestamptz[]) as u(k, p, t, v) \
+                 on conflict (queue, dedup_key) do nothing returning id, dedup_key) \
+             select coalesce(array_agg(id), '{}'), coalesce(array_agg(dedup_key), '{}') from new",
         )
         .bind(queue.as_str())
         .bind(&keys)
@@ -262,27 +266,36 @@ impl PgQueue {
         .bind(tenants)
         .bind(run_ats)
         .bind(timestamp(queue, now)?)
-        .fetch_all(&mut *conn)
+        .fetch_one(&mut *conn)
         .await
         .map_err(|e| queue_error(queue, "insert a batch into core.jobs", e))?;
-        let mut new: HashMap<String, i64> = inserted.into_iter().map(|(id, k)| (k, id)).collect();
-        let missing: Vec<&String> = keys.iter().filter(|k| !new.contains_key(*k)).collect();
-        let mut pending: HashMap<String, i64> = HashMap::new();
-        if !missing.is_empty() {
-            pending = sqlx::query_as::<_, (String, i64)>(
-                "select dedup_key, id from core.jobs where queue = $1 and dedup_key = any($2)",
-            )
-            .bind(queue.as_str())
-            .bind(missing)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| queue_error(queue, "read core.jobs", e))?
-            .into_iter()
-            .collect();
+        let mut new: HashMap<&str, i64> =
+            inserted_keys.iter().map(String::as_str).zip(ids).collect();
+        // Every key inserted: no duplicate, no second statement.
+        if new.len() == keys.len() {
+            return Ok(keys
+                .iter()
+                .map(|key| Receipt::queued(new.get(key.as_str()).map(i64::to_string)))
+                .collect());
         }
+        let missing: Vec<&String> = keys
+            .iter()
+            .filter(|k| !new.contains_key(k.as_str()))
+            .collect();
+        let mut pending: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+            "select dedup_key, id from core.jobs where queue = $1 and dedup_key = any($2)",
+        )
+        .bind(queue.as_str())
+        .bind(missing)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| queue_error(queue, "read core.jobs", e))?
+        .into_iter()
+        .collect();
         Ok(keys
             .iter()
-            .map(|key| match new.remove(key) {
+            .map(|key| match new.remove(key.as_str()) {
+                // The first occurrence in the batch; a later one is its duplicate.
                 Some(id) => {
                     pending.insert(key.clone(), id);
                     Receipt::queued(Some(id.to_string()))
@@ -304,7 +317,7 @@ impl PgQueue {
     ///
     /// The transaction deletes the jobs' rows (`FOR UPDATE SKIP LOCKED`), claims them all for
     /// `consumer` in `core.processed_jobs` with one insert, runs `handler` on its connection for
-    /// each job claimed (a job already processed is only acked) and commits. Each job's claim,
+    /// each job claimed, in publish order (a job already processed is only acked) and commits. Each job's claim,
     /// its handler's writes and its ack therefore commit together or not at all.
     ///
     /// If a payload does not decode or a handler fails, the whole transaction rolls back and the
@@ -325,24 +338,28 @@ impl PgQueue {
         let now = self.clock.now();
         let err = |what: &'static str| move |e| queue_error(queue, what, e);
         let mut tx = self.pool.begin().await.map_err(err("begin a batch"))?;
-        let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
-            "delete from core.jobs where id = any(array( \
-                 select id from core.jobs where queue = $1 and visible_at <= $2 \
-                 order by visible_at, id limit $3 for update skip locked)) \
-             returning id, payload",
+        // One row of two arrays, in publish order, rather than a row per job.
+        let (ids, payloads): (Vec<i64>, Vec<Vec<u8>>) = sqlx::query_as(
+            "with batch as ( \
+                 delete from core.jobs where id = any(array( \
+                     select id from core.jobs where queue = $1 and visible_at <= $2 \
+                     order by visible_at, id limit $3 for update skip locked)) \
+                 returning id, payload) \
+             select coalesce(array_agg(id order by id), '{}'), \
+                    coalesce(array_agg(payload order by id), '{}') \
+             from batch",
         )
         .bind(queue.as_str())
         .bind(timestamp(queue, now)?)
         .bind(i64::try_from(max).unwrap_or(i64::MAX))
-        .fetch_all(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
         .map_err(err("fetch a batch from core.jobs"))?;
-        if rows.is_empty() {
+        if ids.is_empty() {
             return Ok(Batch::default());
         }
-        let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
-        let mut envelopes = Vec::with_capacity(rows.len());
-        for (_, payload) in &rows {
+        let mut envelopes = Vec::with_capacity(ids.len());
+        for payload in &payloads {
             match Envelope::decode(payload) {
                 Ok(envelope) => envelopes.push(envelope),
                 Err(_) => {
@@ -352,19 +369,21 @@ impl PgQueue {
             }
         }
         let job_ids: Vec<Uuid> = envelopes.iter().map(|e| e.job_id.as_uuid()).collect();
-        let mut claimed: HashSet<Uuid> = sqlx::query_scalar(
-            "insert into core.processed_jobs (job_id, consumer, processed_at) \
-             select unnest($1::uuid[]), $2, $3 on conflict (job_id, consumer) do nothing \
-             returning job_id",
+        // The claimed ids come back as one array, not a row each.
+        let claimed: Vec<Uuid> = sqlx::query_scalar(
+            "with claimed as ( \
+                 insert into core.processed_jobs (job_id, consumer, processed_at) \
+                 select unnest($1::uuid[]), $2, $3 on conflict (job_id, consumer) do nothing \
+                 returning job_id) \
+             select coalesce(array_agg(job_id), '{}') from claimed",
         )
         .bind(&job_ids)
         .bind(consumer.as_str())
         .bind(timestamp(queue, now)?)
-        .fetch_all(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
-        .map_err(err("claim a batch in core.processed_jobs"))?
-        .into_iter()
-        .collect();
+        .map_err(err("claim a batch in core.processed_jobs"))?;
+        let mut claimed: HashSet<Uuid> = claimed.into_iter().collect();
         let mut done = 0;
         for envelope in &envelopes {
             // A job published twice under two dedup keys runs once.
@@ -400,7 +419,7 @@ impl PgQueue {
         tx.commit().await.map_err(err("commit a batch"))?;
         Ok(Batch {
             done,
-            skipped: rows.len() - done,
+            skipped: ids.len() - done,
             fallback: vec![],
         })
     }

@@ -231,10 +231,12 @@ async fn a_batch_commits_every_job_with_its_claim_and_ack_or_none() {
     with_databases(|dbs| async move {
         let (queue, _clock) = queue(&dbs).await;
         let pool = queue.pool().clone();
-        sqlx::query("create table effects (job_id uuid not null)")
-            .execute(&pool)
-            .await
-            .expect("create effects");
+        sqlx::query(
+            "create table effects (seq bigint generated always as identity, job_id uuid not null)",
+        )
+        .execute(&pool)
+        .await
+        .expect("create effects");
         let q = name("batch.consume");
         let jobs: Vec<NewJob> = (0..10)
             .map(|n| NewJob {
@@ -290,6 +292,18 @@ async fn a_batch_commits_every_job_with_its_claim_and_ack_or_none() {
         assert_eq!((batch.done, batch.skipped), (9, 1));
         assert!(batch.fallback.is_empty());
         assert_eq!(count(&pool, "effects").await, 9);
+        let order: Vec<sqlx::types::Uuid> =
+            sqlx::query_scalar("select job_id from effects order by seq")
+                .fetch_all(&pool)
+                .await
+                .expect("effects");
+        let published: Vec<sqlx::types::Uuid> = jobs
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| *n != 3)
+            .map(|(_, job)| job.envelope.job_id.as_uuid())
+            .collect();
+        assert_eq!(order, published, "a batch runs its jobs in publish order");
         assert_eq!(count(&pool, "core.processed_jobs").await, 10);
         assert_eq!(
             count(&pool, "core.jobs").await,
