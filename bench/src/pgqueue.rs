@@ -1,9 +1,15 @@
 //! The PostgreSQL queue (ADR 0011): publishing no-op jobs in batches and draining them with
 //! idempotent consumption (`PgQueue::consume_batch`: the batch's claims in
 //! `core.processed_jobs`, the no-op handler and the acks in one transaction) at concurrency
-//! 1, 4, 16, next to raw SQL of the same work measured in the same run: a multi-row insert into
-//! a plain table with the same dedup key, and a `FOR UPDATE SKIP LOCKED` fetch-and-delete plus the `processed_jobs`
-//! insert in one transaction per batch of the same size.
+//! 1, 4, 16, next to raw SQL of the same work measured in the same run.
+//!
+//! The raw SQL works on `raw_jobs`, a copy of `core.jobs`' definition (columns, collations,
+//! defaults, identity, the unique dedup key, the fetch index, the storage parameters) without
+//! its wake-up trigger: the same rows inserted with one multi-row `INSERT ... ON CONFLICT DO
+//! NOTHING` per batch of the same size (no receipts returned), and a `FOR UPDATE SKIP LOCKED`
+//! fetch-and-delete plus the batch's `processed_jobs` insert in one transaction per fetch batch.
+//! What the queue pays on top is its own: receipts, wake-ups, decoding and validating each
+//! envelope.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -20,7 +26,10 @@ use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
 const CONCURRENCY: [usize; 3] = [1, 4, 16];
 
-/// Jobs per publish and per fetch, on both sides.
+/// Alternating rounds per concurrency; each side reports its best.
+const ROUNDS: usize = 3;
+
+/// Jobs per fetch, on both sides.
 const BATCH: usize = 100;
 
 /// Jobs per multi-row insert when publishing.
@@ -86,46 +95,42 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
             .connect_with(options.clone())
             .await?;
         PgStore::from_pool(pool.clone()).migrate().await?;
-        sqlx::query(
-            "create table if not exists raw_jobs (id bigint generated always as identity \
-             primary key, queue text not null, job_id uuid not null, payload bytea not null, \
-             run_at timestamptz not null, unique (queue, job_id))",
-        )
-        .execute(&pool)
-        .await?;
-        sqlx::query("create index if not exists raw_jobs_ready on raw_jobs (queue, run_at, id)")
-            .execute(&pool)
-            .await?;
+        raw_table(&pool).await?;
         let queue = PgQueue::new(pool.clone());
-        // Warm the caches and the pool's connections before anything is timed.
+        // Warm the caches and the pool's connections before anything is timed, then alternate
+        // the two sides, keeping each one's best round: the machine is shared and noisy, and a
+        // checkpoint landing in one run should not decide the ratio.
         let warm = &envelopes[..envelopes.len().min(2_000)];
         raw_enqueue(&pool, warm, concurrency).await?;
         raw_drain(&pool, concurrency, warm.len() as u64).await?;
         queue_enqueue(&queue, warm, concurrency).await?;
         queue_drain(&queue, concurrency, warm.len() as u64).await?;
-        reset(&pool).await?;
-
-        let raw_in = raw_enqueue(&pool, &envelopes, concurrency).await?;
-        let raw_out = raw_drain(&pool, concurrency, jobs).await?;
-        let (processed,): (i64,) = sqlx::query_as("select count(*) from core.processed_jobs")
+        let (mut raw_in, mut raw_out, mut queue_in, mut queue_out) = (0f64, 0f64, 0f64, 0f64);
+        for _ in 0..ROUNDS {
+            reset(&pool).await?;
+            raw_in = raw_in.max(raw_enqueue(&pool, &envelopes, concurrency).await?);
+            raw_out = raw_out.max(raw_drain(&pool, concurrency, jobs).await?);
+            let (processed,): (i64,) = sqlx::query_as("select count(*) from core.processed_jobs")
+                .fetch_one(&pool)
+                .await?;
+            anyhow::ensure!(
+                processed == i64::try_from(jobs)?,
+                "the baseline claimed {processed}"
+            );
+            reset(&pool).await?;
+            queue_in = queue_in.max(queue_enqueue(&queue, &envelopes, concurrency).await?);
+            queue_out = queue_out.max(queue_drain(&queue, concurrency, jobs).await?);
+            let (processed, left): (i64, i64) = sqlx::query_as(
+                "select (select count(*) from core.processed_jobs), \
+                        (select count(*) from core.jobs)",
+            )
             .fetch_one(&pool)
             .await?;
-        anyhow::ensure!(
-            processed == i64::try_from(jobs)?,
-            "the baseline claimed {processed}"
-        );
-        reset(&pool).await?;
-        let queue_in = queue_enqueue(&queue, &envelopes, concurrency).await?;
-        let queue_out = queue_drain(&queue, concurrency, jobs).await?;
-        let (processed, left): (i64, i64) = sqlx::query_as(
-            "select (select count(*) from core.processed_jobs), (select count(*) from core.jobs)",
-        )
-        .fetch_one(&pool)
-        .await?;
-        anyhow::ensure!(
-            processed == i64::try_from(jobs)? && left == 0,
-            "the queue claimed {processed} jobs and left {left}"
-        );
+            anyhow::ensure!(
+                processed == i64::try_from(jobs)? && left == 0,
+                "the queue claimed {processed} jobs and left {left}"
+            );
+        }
         reset(&pool).await?;
         println!(
             "{concurrency:>11}  {raw_in:>14.0}  {queue_in:>14.0}  {:>6.2}  {raw_out:>14.0}  \
@@ -134,6 +139,26 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
             queue_out / raw_out
         );
         pool.close().await;
+    }
+    Ok(())
+}
+
+/// `raw_jobs`: `core.jobs`' definition and storage parameters, without its trigger.
+async fn raw_table(pool: &PgPool) -> Result<()> {
+    sqlx::query("create table if not exists raw_jobs (like core.jobs including all)")
+        .execute(pool)
+        .await?;
+    let (options,): (Option<Vec<String>>,) =
+        sqlx::query_as("select reloptions from pg_class where oid = 'core.jobs'::regclass")
+            .fetch_one(pool)
+            .await?;
+    if let Some(options) = options {
+        sqlx::query(&format!(
+            "alter table raw_jobs set ({})",
+            options.join(", ")
+        ))
+        .execute(pool)
+        .await?;
     }
     Ok(())
 }
@@ -172,8 +197,9 @@ fn shares<T>(items: &[T], concurrency: usize) -> impl Iterator<Item = &[T]> {
     items.chunks(size)
 }
 
-/// The baseline publish: one multi-row insert per batch into a plain indexed table, with the
-/// same deduplication (a unique key, `ON CONFLICT DO NOTHING`) the queue gives.
+/// The baseline publish: the queue's rows (dedup key, payload, tenant, visible and created
+/// times), one multi-row insert per batch into `raw_jobs`, with the same deduplication (the
+/// unique key, `ON CONFLICT DO NOTHING`); no receipts, no wake-up.
 async fn raw_enqueue(pool: &PgPool, envelopes: &[Envelope], concurrency: usize) -> Result<f64> {
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -181,20 +207,31 @@ async fn raw_enqueue(pool: &PgPool, envelopes: &[Envelope], concurrency: usize) 
         let (pool, share) = (pool.clone(), share.to_vec());
         tasks.spawn(async move {
             for chunk in share.chunks(PUBLISH_BATCH) {
-                let mut ids = Vec::with_capacity(chunk.len());
+                let now = sqlx::types::chrono::Utc::now();
+                let mut keys = Vec::with_capacity(chunk.len());
                 let mut payloads = Vec::with_capacity(chunk.len());
+                let mut tenants = Vec::with_capacity(chunk.len());
+                let mut visible = Vec::with_capacity(chunk.len());
                 for envelope in chunk {
-                    ids.push(envelope.job_id.as_uuid());
+                    keys.push(envelope.job_id.to_string());
                     payloads.push(envelope.to_json_bytes()?);
+                    tenants.push(envelope.tenant_id.as_uuid());
+                    visible.push(now);
                 }
                 sqlx::query(
-                    "insert into raw_jobs (queue, job_id, payload, run_at) \
-                     select $1, i, p, now() from unnest($2::uuid[], $3::bytea[]) as u(i, p) \
-                     on conflict (queue, job_id) do nothing",
+                    "insert into raw_jobs (queue, dedup_key, payload, tenant_id, visible_at, \
+                         created_at) \
+                     select $1, k, p, t, v, $6 \
+                     from unnest($2::text[], $3::bytea[], $4::uuid[], $5::timestamptz[]) \
+                         as u(k, p, t, v) \
+                     on conflict (queue, dedup_key) do nothing",
                 )
                 .bind(QUEUE)
-                .bind(ids)
+                .bind(keys)
                 .bind(payloads)
+                .bind(tenants)
+                .bind(visible)
+                .bind(now)
                 .execute(&pool)
                 .await?;
             }
@@ -220,11 +257,12 @@ async fn raw_drain(pool: &PgPool, concurrency: usize, jobs: u64) -> Result<f64> 
                 let mut tx = pool.begin().await?;
                 let ids: Vec<Uuid> = sqlx::query_scalar(
                     "delete from raw_jobs where id = any(array( \
-                         select id from raw_jobs where queue = $1 and run_at <= now() \
-                         order by run_at, id limit $2 for update skip locked)) \
-                     returning job_id",
+                         select id from raw_jobs where queue = $1 and visible_at <= $2 \
+                         order by visible_at, id limit $3 for update skip locked)) \
+                     returning dedup_key::uuid",
                 )
                 .bind(QUEUE)
+                .bind(sqlx::types::chrono::Utc::now())
                 .bind(BATCH as i64)
                 .fetch_all(&mut *tx)
                 .await?;

@@ -105,7 +105,9 @@ pub struct WorkerConfig {
     /// How long a delivery stays leased before another worker may take it; extended while the
     /// handler runs.
     pub lease: Duration,
-    /// How long to wait before polling an empty queue again.
+    /// How long to wait before polling an empty queue again, unless the transport's wake-up
+    /// ([`ConsumerPort::wait_for_work`]) comes first. With a transport that notifies, this
+    /// bounds only the latency of delays and retries falling due.
     pub poll_interval: Duration,
     /// How long in-flight jobs may finish after shutdown is asked; the rest are left unacked
     /// and come back to another worker.
@@ -334,8 +336,11 @@ where
         Ok(outcomes)
     }
 
-    /// Runs until `shutdown` completes: polls, processes up to `concurrency` deliveries at
-    /// once, extends leases of long handlers. On shutdown it stops receiving, lets in-flight
+    /// Runs until `shutdown` completes: receives, processes up to `concurrency` deliveries at
+    /// once, extends leases of long handlers. When the queue is empty it waits for the
+    /// transport's wake-up ([`ConsumerPort::wait_for_work`]) or the poll interval, whichever
+    /// comes first, so a job published to an idle worker starts without waiting out the poll.
+    /// On shutdown it stops receiving, lets in-flight
     /// jobs finish within the grace period and abandons the rest unacked (they are delivered
     /// again elsewhere).
     pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()> + Send) {
@@ -365,28 +370,41 @@ where
                             drop(permit);
                         });
                     }
-                    false
+                    Idle::Busy
                 }
-                Some(Ok(_)) => true,
+                Some(Ok(_)) => Idle::Empty,
                 Some(Err(e)) => {
                     tracing::warn!(queue = %self.queue, error = %e, "receive failed; will poll again");
-                    true
+                    Idle::Failed
                 }
                 None => {
                     tokio::select! {
                         () = &mut shutdown => break,
                         _ = in_flight.join_next() => {}
                     }
-                    false
+                    Idle::Busy
                 }
             };
             if let Some(alerts) = &self.alerts {
                 alerts.flush().await;
             }
-            if idle {
-                tokio::select! {
-                    () = &mut shutdown => break,
-                    () = tokio::time::sleep(self.config.poll_interval) => {}
+            match idle {
+                Idle::Busy => {}
+                // Nothing ready: until the transport's wake-up or the next poll, whichever is
+                // first (the poll also covers delays and retries falling due).
+                Idle::Empty => {
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(self.config.poll_interval) => {}
+                        () = self.transport.wait_for_work(&self.queue) => {}
+                    }
+                }
+                // A failing transport is polled, never woken into a tight loop.
+                Idle::Failed => {
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(self.config.poll_interval) => {}
+                    }
                 }
             }
         }
@@ -723,6 +741,16 @@ where
             metrics::Label::new("kind", kind.to_string()),
         ]
     }
+}
+
+/// What the loop does after a receive.
+enum Idle {
+    /// Deliveries were handed out, or a slot freed up: receive again at once.
+    Busy,
+    /// Nothing was ready: wait for a wake-up or the poll interval.
+    Empty,
+    /// The receive failed: wait for the poll interval.
+    Failed,
 }
 
 async fn rollback<T: WorkTransaction>(tx: T) {

@@ -232,6 +232,23 @@ pub trait ConsumerPort: Send + Sync {
 
     /// Keeps the message invisible for `by` from now, for handlers that outlive their lease.
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError>;
+
+    /// Resolves when work may have arrived on `queue`, so that a worker idle after an empty
+    /// [`ConsumerPort::receive`] receives again at once instead of at its next poll.
+    ///
+    /// The contract, for callers: it is a hint, never a promise. It may resolve with nothing
+    /// ready (another worker took the message, or the transport wakes every waiter), and it may
+    /// never resolve, so a caller always races it against its own poll interval, which also
+    /// covers delays and retries falling due. For transports that override it: a publish made
+    /// after the caller's empty `receive` must make this resolve, even when the publish lands
+    /// before the call (keep the wake-up for the next waiter); resolving spuriously is allowed.
+    ///
+    /// The default never resolves: polling alone, for transports that cannot tell. It does no
+    /// timing of its own, so this crate stays free of a runtime.
+    async fn wait_for_work(&self, queue: &QueueName) {
+        let _ = queue;
+        std::future::pending::<()>().await;
+    }
 }
 
 /// How many messages a queue holds, for priority decisions and operators.

@@ -26,6 +26,7 @@ use jobs_core::{
     Clock, ConsumerPort, Delivery, Depth, Envelope, Lease, PublishOptions, QueueDepth, QueueError,
     QueueName, QueuePort, Receipt, SystemClock,
 };
+use tokio::sync::Notify;
 
 /// How long a deduplication key is remembered by default: as long as Vercel Queues does.
 pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
@@ -139,6 +140,22 @@ impl MemoryQueue {
 struct State {
     queues: HashMap<QueueName, Queue>,
     next_id: u64,
+    /// Per queue, the wake-up of [`ConsumerPort::wait_for_work`].
+    wakers: HashMap<QueueName, Arc<Notify>>,
+}
+
+impl State {
+    fn waker(&mut self, name: &QueueName) -> Arc<Notify> {
+        self.wakers.entry(name.clone()).or_default().clone()
+    }
+
+    /// Wakes every waiter on `name` and keeps a wake-up for the next one, so a message made
+    /// ready between a worker's empty receive and its wait is not missed.
+    fn wake(&mut self, name: &QueueName) {
+        let waker = self.waker(name);
+        waker.notify_waiters();
+        waker.notify_one();
+    }
 }
 
 #[derive(Debug, Default)]
@@ -204,6 +221,9 @@ impl State {
             },
         );
         queue.visibility.insert((visible_at, id));
+        if visible_at <= now {
+            self.wake(name);
+        }
         Receipt::queued(Some(message_id(id)))
     }
 }
@@ -325,6 +345,14 @@ impl ConsumerPort for MemoryQueue {
         self.settle(lease, |queue, id, now| {
             queue.make_visible_at(id, at.max(now), false);
         })
+    }
+
+    /// Resolves when a message is published ready, or was since the last wait (a wake-up
+    /// nobody awaited is kept for the next call). Delayed messages and retries falling due do
+    /// not wake: the caller's poll covers them.
+    async fn wait_for_work(&self, queue: &QueueName) {
+        let waker = self.lock().waker(queue);
+        waker.notified().await;
     }
 
     async fn defer(&self, lease: &Lease, until: SystemTime) -> Result<(), QueueError> {

@@ -168,3 +168,60 @@ async fn memory_store_passes_the_store_contract() {
     jobs_testkit::contract::store::run(|| async { jobs_adapter_memory::MemoryStore::default() })
         .await;
 }
+
+/// Whether `wait` is resolved without waiting: polled once, at a deadline already past.
+async fn resolved(wait: impl std::future::Future<Output = ()>) -> bool {
+    tokio::time::timeout(Duration::ZERO, wait).await.is_ok()
+}
+
+#[tokio::test]
+async fn wait_for_work_wakes_on_a_ready_publish_to_its_queue_only() {
+    let clock = ManualClock::default();
+    let memory = MemoryQueue::new(Arc::new(clock.clone()));
+    let (a, b): (QueueName, QueueName) = (
+        "wake.a".parse().expect("valid"),
+        "wake.b".parse().expect("valid"),
+    );
+    assert!(
+        !resolved(memory.wait_for_work(&a)).await,
+        "nothing published yet"
+    );
+
+    // Two workers already waiting on `a` are both woken.
+    let mut first = std::pin::pin!(memory.wait_for_work(&a));
+    let mut second = std::pin::pin!(memory.wait_for_work(&a));
+    assert!(!resolved(&mut first).await && !resolved(&mut second).await);
+    memory
+        .publish(&b, &fixtures::envelope(1, 1), PublishOptions::default())
+        .await
+        .expect("publish");
+    memory
+        .publish(
+            &a,
+            &fixtures::envelope(1, 2),
+            PublishOptions::default().delay(Duration::from_secs(60)),
+        )
+        .await
+        .expect("publish");
+    assert!(
+        !resolved(&mut first).await,
+        "a publish to another queue, or a delayed one, does not wake"
+    );
+    memory
+        .publish(&a, &fixtures::envelope(1, 3), PublishOptions::default())
+        .await
+        .expect("publish");
+    assert!(resolved(&mut first).await && resolved(&mut second).await);
+
+    // A publish made while nobody waits is kept for the next wait, once.
+    memory
+        .publish(&b, &fixtures::envelope(1, 4), PublishOptions::default())
+        .await
+        .expect("publish");
+    let _ = resolved(memory.wait_for_work(&a)).await; // the spare wake-up of the last publish
+    assert!(
+        resolved(memory.wait_for_work(&b)).await,
+        "the earlier publish to `b` wakes"
+    );
+    assert!(!resolved(memory.wait_for_work(&b)).await, "and only once");
+}

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -15,6 +15,8 @@ use jobs_core::{
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::types::Uuid;
 use sqlx::{Acquire, PgConnection, PgPool, Row};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::convert::{from_timestamp, to_timestamp};
@@ -55,6 +57,10 @@ pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc
 /// [`PgQueue::with_clock`] says otherwise), never from the server, so tests move time by hand.
 /// The schema comes from [`PgStore::migrate`](crate::PgStore::migrate).
 ///
+/// Idle workers of the runtime wake through [`ConsumerPort::wait_for_work`] (one shared
+/// LISTEN connection per queue and its clones); a loop of its own, as below, can hold a
+/// [`Wakeups`] instead.
+///
 /// ```no_run
 /// use jobs_adapter_postgres::{PgQueue, PgStore};
 /// use jobs_core::{ConsumerPort, QueueName};
@@ -79,6 +85,7 @@ pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc
 pub struct PgQueue {
     pool: PgPool,
     clock: Arc<dyn Clock>,
+    hub: Arc<Hub>,
 }
 
 impl fmt::Debug for PgQueue {
@@ -103,6 +110,7 @@ impl PgQueue {
     /// system clock.
     pub fn new(pool: PgPool) -> Self {
         PgQueue {
+            hub: Arc::new(Hub::new(pool.clone())),
             pool,
             clock: Arc::new(SystemClock),
         }
@@ -242,11 +250,15 @@ impl PgQueue {
             let run_at = now + job.opts.delay_value().unwrap_or_default();
             run_ats.push(timestamp(queue, run_at)?);
         }
-        let inserted: Vec<(i64, String)> = sqlx::query_as(
-            "insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at) \
-             select $1, k, p, t, v, $6 \
-             from unnest($2::text[], $3::bytea[], $4::uuid[], $5::timestamptz[]) as u(k, p, t, v) \
-             on conflict (queue, dedup_key) do nothing returning id, dedup_key",
+        // The receipts come back as one row of two arrays: a row per job costs the client
+        // more than the insert costs the server.
+        let (ids, inserted_keys): (Vec<i64>, Vec<String>) = sqlx::query_as(
+            "with new as ( \
+                 insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at) \
+                 select $1, k, p, t, v, $6 \
+                 from unnest($2::text[], $3::bytea[], $4::uuid[], $5::timestamptz[]) as u(k, p, t, v) \
+                 on conflict (queue, dedup_key) do nothing returning id, dedup_key) \
+             select coalesce(array_agg(id), '{}'), coalesce(array_agg(dedup_key), '{}') from new",
         )
         .bind(queue.as_str())
         .bind(&keys)
@@ -254,27 +266,36 @@ impl PgQueue {
         .bind(tenants)
         .bind(run_ats)
         .bind(timestamp(queue, now)?)
-        .fetch_all(&mut *conn)
+        .fetch_one(&mut *conn)
         .await
         .map_err(|e| queue_error(queue, "insert a batch into core.jobs", e))?;
-        let mut new: HashMap<String, i64> = inserted.into_iter().map(|(id, k)| (k, id)).collect();
-        let missing: Vec<&String> = keys.iter().filter(|k| !new.contains_key(*k)).collect();
-        let mut pending: HashMap<String, i64> = HashMap::new();
-        if !missing.is_empty() {
-            pending = sqlx::query_as::<_, (String, i64)>(
-                "select dedup_key, id from core.jobs where queue = $1 and dedup_key = any($2)",
-            )
-            .bind(queue.as_str())
-            .bind(missing)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| queue_error(queue, "read core.jobs", e))?
-            .into_iter()
-            .collect();
+        let mut new: HashMap<&str, i64> =
+            inserted_keys.iter().map(String::as_str).zip(ids).collect();
+        // Every key inserted: no duplicate, no second statement.
+        if new.len() == keys.len() {
+            return Ok(keys
+                .iter()
+                .map(|key| Receipt::queued(new.get(key.as_str()).map(i64::to_string)))
+                .collect());
         }
+        let missing: Vec<&String> = keys
+            .iter()
+            .filter(|k| !new.contains_key(k.as_str()))
+            .collect();
+        let mut pending: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+            "select dedup_key, id from core.jobs where queue = $1 and dedup_key = any($2)",
+        )
+        .bind(queue.as_str())
+        .bind(missing)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| queue_error(queue, "read core.jobs", e))?
+        .into_iter()
+        .collect();
         Ok(keys
             .iter()
-            .map(|key| match new.remove(key) {
+            .map(|key| match new.remove(key.as_str()) {
+                // The first occurrence in the batch; a later one is its duplicate.
                 Some(id) => {
                     pending.insert(key.clone(), id);
                     Receipt::queued(Some(id.to_string()))
@@ -296,7 +317,7 @@ impl PgQueue {
     ///
     /// The transaction deletes the jobs' rows (`FOR UPDATE SKIP LOCKED`), claims them all for
     /// `consumer` in `core.processed_jobs` with one insert, runs `handler` on its connection for
-    /// each job claimed (a job already processed is only acked) and commits. Each job's claim,
+    /// each job claimed, in publish order (a job already processed is only acked) and commits. Each job's claim,
     /// its handler's writes and its ack therefore commit together or not at all.
     ///
     /// If a payload does not decode or a handler fails, the whole transaction rolls back and the
@@ -317,24 +338,28 @@ impl PgQueue {
         let now = self.clock.now();
         let err = |what: &'static str| move |e| queue_error(queue, what, e);
         let mut tx = self.pool.begin().await.map_err(err("begin a batch"))?;
-        let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
-            "delete from core.jobs where id = any(array( \
-                 select id from core.jobs where queue = $1 and visible_at <= $2 \
-                 order by visible_at, id limit $3 for update skip locked)) \
-             returning id, payload",
+        // One row of two arrays, in publish order, rather than a row per job.
+        let (ids, payloads): (Vec<i64>, Vec<Vec<u8>>) = sqlx::query_as(
+            "with batch as ( \
+                 delete from core.jobs where id = any(array( \
+                     select id from core.jobs where queue = $1 and visible_at <= $2 \
+                     order by visible_at, id limit $3 for update skip locked)) \
+                 returning id, payload) \
+             select coalesce(array_agg(id order by id), '{}'), \
+                    coalesce(array_agg(payload order by id), '{}') \
+             from batch",
         )
         .bind(queue.as_str())
         .bind(timestamp(queue, now)?)
         .bind(i64::try_from(max).unwrap_or(i64::MAX))
-        .fetch_all(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
         .map_err(err("fetch a batch from core.jobs"))?;
-        if rows.is_empty() {
+        if ids.is_empty() {
             return Ok(Batch::default());
         }
-        let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
-        let mut envelopes = Vec::with_capacity(rows.len());
-        for (_, payload) in &rows {
+        let mut envelopes = Vec::with_capacity(ids.len());
+        for payload in &payloads {
             match Envelope::decode(payload) {
                 Ok(envelope) => envelopes.push(envelope),
                 Err(_) => {
@@ -344,19 +369,21 @@ impl PgQueue {
             }
         }
         let job_ids: Vec<Uuid> = envelopes.iter().map(|e| e.job_id.as_uuid()).collect();
-        let mut claimed: HashSet<Uuid> = sqlx::query_scalar(
-            "insert into core.processed_jobs (job_id, consumer, processed_at) \
-             select unnest($1::uuid[]), $2, $3 on conflict (job_id, consumer) do nothing \
-             returning job_id",
+        // The claimed ids come back as one array, not a row each.
+        let claimed: Vec<Uuid> = sqlx::query_scalar(
+            "with claimed as ( \
+                 insert into core.processed_jobs (job_id, consumer, processed_at) \
+                 select unnest($1::uuid[]), $2, $3 on conflict (job_id, consumer) do nothing \
+                 returning job_id) \
+             select coalesce(array_agg(job_id), '{}') from claimed",
         )
         .bind(&job_ids)
         .bind(consumer.as_str())
         .bind(timestamp(queue, now)?)
-        .fetch_all(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
-        .map_err(err("claim a batch in core.processed_jobs"))?
-        .into_iter()
-        .collect();
+        .map_err(err("claim a batch in core.processed_jobs"))?;
+        let mut claimed: HashSet<Uuid> = claimed.into_iter().collect();
         let mut done = 0;
         for envelope in &envelopes {
             // A job published twice under two dedup keys runs once.
@@ -392,7 +419,7 @@ impl PgQueue {
         tx.commit().await.map_err(err("commit a batch"))?;
         Ok(Batch {
             done,
-            skipped: rows.len() - done,
+            skipped: ids.len() - done,
             fallback: vec![],
         })
     }
@@ -581,6 +608,15 @@ impl ConsumerPort for PgQueue {
         deliveries(queue, rows)
     }
 
+    /// Resolves at the next `core_jobs` notification for `queue` (a committed insert), or one
+    /// that came since the last wait; also when the shared listener (re)connects, since
+    /// notifications sent while it was not listening are lost. One LISTEN connection serves
+    /// every clone of this queue, started by the first wait.
+    async fn wait_for_work(&self, queue: &QueueName) {
+        let waker = self.hub.waker(queue.as_str());
+        waker.notified().await;
+    }
+
     /// Deletes the row, if this lease still holds it.
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.settle(lease, fenced!("delete from core.jobs"), None)
@@ -668,6 +704,119 @@ pub trait BatchHandler: Send + Sync {
     async fn handle(&self, conn: &mut PgConnection, envelope: &Envelope) -> Result<(), BatchError>;
 }
 
+/// The LISTEN connection behind [`ConsumerPort::wait_for_work`], shared by a queue's clones:
+/// a task forwards each notification to its queue's [`Notify`], which keeps one wake-up for
+/// the next waiter when nobody waits.
+struct Hub {
+    pool: PgPool,
+    state: Mutex<HubState>,
+}
+
+#[derive(Default)]
+struct HubState {
+    wakers: HashMap<String, Arc<Notify>>,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl Hub {
+    fn new(pool: PgPool) -> Self {
+        Hub {
+            pool,
+            state: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
+        // Every mutation leaves the state consistent before it can panic.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The wake-up of `queue`, starting the listener task if it is not running (first use,
+    /// or its runtime ended).
+    fn waker(self: &Arc<Self>, queue: &str) -> Arc<Notify> {
+        let mut state = self.lock();
+        if state.listener.as_ref().is_none_or(JoinHandle::is_finished) {
+            let hub = Arc::downgrade(self);
+            state.listener = Some(tokio::spawn(listen(hub, self.pool.clone())));
+        }
+        state.wakers.entry(queue.to_owned()).or_default().clone()
+    }
+
+    /// Wakes every waiter on `queue` and keeps a wake-up for the next.
+    fn wake(&self, queue: &str) {
+        let waker = self
+            .lock()
+            .wakers
+            .entry(queue.to_owned())
+            .or_default()
+            .clone();
+        waker.notify_waiters();
+        waker.notify_one();
+    }
+
+    /// Wakes every queue: notifications may have been missed.
+    fn wake_all(&self) {
+        let wakers: Vec<Arc<Notify>> = self.lock().wakers.values().cloned().collect();
+        for waker in wakers {
+            waker.notify_waiters();
+            waker.notify_one();
+        }
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        if let Some(task) = self.lock().listener.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The listener task: LISTEN on `core_jobs` and forward each notification, until the hub is
+/// dropped. Each (re)connection wakes every queue, because what was notified while it was
+/// not listening is lost; a failing connection is retried with a capped backoff, meanwhile
+/// waiters fall back on their polls.
+async fn listen(hub: Weak<Hub>, pool: PgPool) {
+    const BACKOFF: Duration = Duration::from_millis(100);
+    let mut backoff = BACKOFF;
+    loop {
+        let connected = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        }
+        .await;
+        let mut listener = match connected {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::warn!(error = %e, "LISTEN failed; workers poll until it is back");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
+        backoff = BACKOFF;
+        let Some(live) = hub.upgrade() else { return };
+        live.wake_all();
+        drop(live);
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(note)) => {
+                    let Some(live) = hub.upgrade() else { return };
+                    live.wake(note.payload());
+                }
+                // The connection dropped: reconnect, then wake every queue, since anything
+                // sent meanwhile is lost.
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the LISTEN connection failed; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
 /// How a [`Wakeups::wait`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
@@ -678,8 +827,9 @@ pub enum Wake {
     Polled,
 }
 
-/// LISTEN on `core_jobs`, with polling as the fallback: a worker loop awaits
-/// [`Wakeups::wait`] when a receive came back empty.
+/// LISTEN on `core_jobs` on a connection of its own, with polling as the fallback: a loop
+/// outside the runtime (around [`PgQueue::consume_batch`]) awaits [`Wakeups::wait`] when a
+/// batch came back empty. The runtime uses [`ConsumerPort::wait_for_work`] instead.
 ///
 /// Notifications that arrive between two waits are kept by the connection, so a job
 /// published just after an empty receive still wakes the next wait.

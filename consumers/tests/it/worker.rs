@@ -529,3 +529,142 @@ async fn the_cleanup_job_purges_old_processed_rows_in_batches() {
         "business effects are untouched"
     );
 }
+
+/// A consuming side that tells the test when the worker starts waiting for work.
+struct Watched {
+    inner: Arc<dyn jobs_core::ConsumerPort>,
+    waiting: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl jobs_core::ConsumerPort for Watched {
+    async fn receive(
+        &self,
+        q: &jobs_core::QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<jobs_core::Delivery>, jobs_core::QueueError> {
+        self.inner.receive(q, max, lease).await
+    }
+
+    async fn ack(&self, lease: &jobs_core::Lease) -> Result<(), jobs_core::QueueError> {
+        self.inner.ack(lease).await
+    }
+
+    async fn retry_at(
+        &self,
+        lease: &jobs_core::Lease,
+        at: std::time::SystemTime,
+    ) -> Result<(), jobs_core::QueueError> {
+        self.inner.retry_at(lease, at).await
+    }
+
+    async fn defer(
+        &self,
+        lease: &jobs_core::Lease,
+        until: std::time::SystemTime,
+    ) -> Result<(), jobs_core::QueueError> {
+        self.inner.defer(lease, until).await
+    }
+
+    async fn extend(
+        &self,
+        lease: &jobs_core::Lease,
+        by: Duration,
+    ) -> Result<jobs_core::Lease, jobs_core::QueueError> {
+        self.inner.extend(lease, by).await
+    }
+
+    async fn wait_for_work(&self, q: &jobs_core::QueueName) {
+        self.waiting.notify_one();
+        self.inner.wait_for_work(q).await;
+    }
+}
+
+/// Runs a worker polling hourly over `inner`, publishes job 1 once the worker waits on an
+/// empty queue, and says whether its effect shows within `limit`. Time is paused, so tokio
+/// jumps to the next timer whenever every task is idle: a minute's limit can only be met by
+/// a wake-up, never by the hourly poll, and no real time passes either way.
+async fn effect_of_a_publish_to_an_idle_worker(
+    h: &Harness,
+    inner: Arc<dyn jobs_core::ConsumerPort>,
+    limit: Duration,
+) -> bool {
+    let waiting = Arc::new(tokio::sync::Notify::new());
+    let transport = Watched {
+        inner,
+        waiting: waiting.clone(),
+    };
+    let mut config = WorkerConfig::default();
+    config.poll_interval = Duration::from_secs(3600);
+    let worker = Arc::new(
+        jobs_consumers::Worker::<MemoryStore>::builder(
+            ConsumerName::try_from("test.consumer").expect("valid"),
+            h.name.clone(),
+            Arc::new(transport),
+            Arc::new(h.store.clone()),
+            Arc::new(h.store.clone()),
+        )
+        .handler(
+            KIND.parse().expect("valid"),
+            crate::harness::Scripted {
+                script: ok,
+                calls: h.calls.clone(),
+            },
+        )
+        .clock(Arc::new(h.clock.clone()))
+        .config(config)
+        .build()
+        .expect("valid"),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    tokio::time::timeout(limit, waiting.notified())
+        .await
+        .expect("the worker waits for work once the queue is empty");
+    assert!(h.store.effects().is_empty(), "the queue was empty");
+    h.publish(1).await;
+    let started = tokio::time::Instant::now();
+    let mut seen = false;
+    while !seen && started.elapsed() < limit {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        seen = h.store.effects() == ["n=1"];
+    }
+    stop.send(()).expect("worker listening");
+    running.await.expect("the worker stops");
+    seen
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_worker_is_woken_by_a_publish_long_before_its_poll() {
+    let h = Harness::new();
+    assert!(
+        effect_of_a_publish_to_an_idle_worker(
+            &h,
+            Arc::new(h.queue.clone()),
+            Duration::from_secs(60)
+        )
+        .await,
+        "the memory queue's wake-up did not start the job before the hourly poll"
+    );
+    assert_eq!(h.calls(1), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_wake_ups_only_the_poll_finds_the_job() {
+    // `LosesAcks` keeps the port's default wait, which never resolves.
+    let h = Harness::new();
+    let silent = Arc::new(h.transport.clone());
+    assert!(
+        !effect_of_a_publish_to_an_idle_worker(&h, silent, Duration::from_secs(60)).await,
+        "nothing but the poll can start the job here"
+    );
+    let h = Harness::new();
+    let silent = Arc::new(h.transport.clone());
+    assert!(
+        effect_of_a_publish_to_an_idle_worker(&h, silent, Duration::from_secs(7200)).await,
+        "the hourly poll found the job"
+    );
+}

@@ -231,10 +231,12 @@ async fn a_batch_commits_every_job_with_its_claim_and_ack_or_none() {
     with_databases(|dbs| async move {
         let (queue, _clock) = queue(&dbs).await;
         let pool = queue.pool().clone();
-        sqlx::query("create table effects (job_id uuid not null)")
-            .execute(&pool)
-            .await
-            .expect("create effects");
+        sqlx::query(
+            "create table effects (seq bigint generated always as identity, job_id uuid not null)",
+        )
+        .execute(&pool)
+        .await
+        .expect("create effects");
         let q = name("batch.consume");
         let jobs: Vec<NewJob> = (0..10)
             .map(|n| NewJob {
@@ -290,6 +292,18 @@ async fn a_batch_commits_every_job_with_its_claim_and_ack_or_none() {
         assert_eq!((batch.done, batch.skipped), (9, 1));
         assert!(batch.fallback.is_empty());
         assert_eq!(count(&pool, "effects").await, 9);
+        let order: Vec<sqlx::types::Uuid> =
+            sqlx::query_scalar("select job_id from effects order by seq")
+                .fetch_all(&pool)
+                .await
+                .expect("effects");
+        let published: Vec<sqlx::types::Uuid> = jobs
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| *n != 3)
+            .map(|(_, job)| job.envelope.job_id.as_uuid())
+            .collect();
+        assert_eq!(order, published, "a batch runs its jobs in publish order");
         assert_eq!(count(&pool, "core.processed_jobs").await, 10);
         assert_eq!(
             count(&pool, "core.jobs").await,
@@ -347,6 +361,91 @@ async fn wakeups_report_inserts_on_their_queue_and_poll_otherwise() {
             Wake::Polled,
             "a rolled back insert woke the listener"
         );
+    })
+    .await;
+}
+
+/// Whether `wait` is resolved without waiting: polled once, at a deadline already past.
+async fn resolved(wait: impl std::future::Future<Output = ()>) -> bool {
+    tokio::time::timeout(Duration::ZERO, wait).await.is_ok()
+}
+
+/// Waits for `wait`, failing the test rather than hanging if it never resolves.
+async fn resolves(wait: impl std::future::Future<Output = ()>, what: &str) {
+    tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_work_resolves_for_each_committed_publish_to_its_queue() {
+    with_databases(|dbs| async move {
+        let (queue, _clock) = queue(&dbs).await;
+        let q = name("wake.port");
+        let other = name("wake.elsewhere");
+        // The first wait starts the shared listener, which wakes every waiter once it listens
+        // (what was published before it listened would otherwise be missed).
+        resolves(queue.wait_for_work(&q), "the listener never started").await;
+        let _ = resolved(queue.wait_for_work(&q)).await; // a spare wake-up, if any
+        assert!(
+            !resolved(queue.wait_for_work(&q)).await,
+            "nothing was published"
+        );
+
+        // An empty receive, then a publish that may land before the wait: still woken.
+        assert!(
+            queue
+                .receive(&q, 10, LEASE)
+                .await
+                .expect("receive")
+                .is_empty()
+        );
+        queue
+            .publish(&q, &fixtures::envelope(1, 1), PublishOptions::default())
+            .await
+            .expect("publish");
+        resolves(queue.wait_for_work(&q), "the publish did not wake the wait").await;
+        let _ = resolved(queue.wait_for_work(&q)).await;
+
+        // Another clone shares the listener; a publish elsewhere or a rolled back one does not
+        // wake `q`. Notifications arrive in order, so once `other` is woken by the publish
+        // after them, they have been handled.
+        let clone = queue.clone();
+        let mut tx = queue.pool().begin().await.expect("begin");
+        queue
+            .publish_in(
+                &mut tx,
+                &q,
+                &fixtures::envelope(1, 2),
+                PublishOptions::default(),
+            )
+            .await
+            .expect("publish");
+        tx.rollback().await.expect("roll back");
+        queue
+            .publish(&other, &fixtures::envelope(1, 3), PublishOptions::default())
+            .await
+            .expect("publish");
+        resolves(clone.wait_for_work(&other), "the clone was not woken").await;
+        assert!(
+            !resolved(queue.wait_for_work(&q)).await,
+            "woken by another queue or a rolled back insert"
+        );
+
+        // A wait already under way is woken too.
+        let waiting = tokio::spawn({
+            let (clone, q) = (clone.clone(), q.clone());
+            async move { clone.wait_for_work(&q).await }
+        });
+        queue
+            .publish(&q, &fixtures::envelope(1, 4), PublishOptions::default())
+            .await
+            .expect("publish");
+        resolves(
+            async { waiting.await.expect("the wait") },
+            "the waiting task was not woken",
+        )
+        .await;
     })
     .await;
 }
