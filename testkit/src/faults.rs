@@ -76,4 +76,8 @@ impl ConsumerPort for LosesAcks {
         self.extends.fetch_add(1, Ordering::SeqCst);
         self.inner.extend(lease, by).await
     }
+
+    async fn wait_for_work(&self, q: &QueueName) {
+        self.inner.wait_for_work(q).await;
+    }
 }

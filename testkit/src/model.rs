@@ -395,6 +395,10 @@ impl ConsumerPort for Wire {
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
         self.inner.extend(lease, by).await
     }
+
+    async fn wait_for_work(&self, q: &QueueName) {
+        self.inner.wait_for_work(q).await;
+    }
 }
 
 /// A job of `kind` for the model's one tenant, with a fresh correlation id.
