@@ -9,6 +9,9 @@ use jobs_core::{ConsumerPort, Delivery, Lease, QueueError, QueueName};
 
 /// A consuming side whose next acks fail, as if the worker died between its commit (or dead
 /// letter) and the ack; it also counts lease extensions. Clones share the counters.
+///
+/// It keeps the port's default `wait_for_work`, which never resolves: a worker over it finds
+/// work by polling only, which is what tests of the poll fallback need.
 #[derive(Clone)]
 pub struct LosesAcks {
     inner: Arc<dyn ConsumerPort>,
@@ -75,9 +78,5 @@ impl ConsumerPort for LosesAcks {
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
         self.extends.fetch_add(1, Ordering::SeqCst);
         self.inner.extend(lease, by).await
-    }
-
-    async fn wait_for_work(&self, q: &QueueName) {
-        self.inner.wait_for_work(q).await;
     }
 }
