@@ -84,6 +84,8 @@ pub struct FakeBatch {
     pub emails: Vec<Value>,
     /// The ids answered, in order.
     pub ids: Vec<String>,
+    /// When the request arrived.
+    pub received_at: Instant,
 }
 
 #[derive(Debug)]
@@ -413,6 +415,7 @@ fn send_batch(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Response {
         content_type: text_header(headers, header::CONTENT_TYPE),
         emails,
         ids: ids.clone(),
+        received_at: now,
     });
     if state.lose_answers > 0 {
         state.lose_answers -= 1;
