@@ -346,8 +346,10 @@ async fn notifications_scene(out: &mut impl Write) -> Result<()> {
     let provider = Arc::new(ResendProvider::new(
         ResendConfig::new(fake.api_key()).with_base_url(fake.base_url()),
     )?);
-    // 8 requests per 250 ms: at most 8 + 8 × 5 = 48 in any second, under the provider's 50.
-    let bucket = Bucket::new(8, 8, Duration::from_millis(250))?;
+    // 6 requests per 250 ms: at most 6 + 6 × 5 = 36 grants in any second of the limiter's
+    // clock, so requests delayed on their way by up to half a second still arrive under the
+    // provider's 50.
+    let bucket = Bucket::new(6, 6, Duration::from_millis(250))?;
     let limits = ProviderLimits::new("resend", bucket, bucket);
     let limiter = Arc::new(MemoryRateLimiter::default());
     let sender = Arc::new(EmailSender::new(provider, limiter.clone(), limits));
@@ -385,7 +387,7 @@ async fn notifications_scene(out: &mut impl Write) -> Result<()> {
     writeln!(
         out,
         "\nnotifications: a marketing blast of {BLAST} emails and {} transactional ones through \
-         the Resend fake,\n  which allows {PROVIDER_LIMIT} requests/s; our provider bucket: 8 per \
+         the Resend fake,\n  which allows {PROVIDER_LIMIT} requests/s; our provider bucket: 6 per \
          250 ms; marketing pauses above 4 transactional jobs queued",
         BURST + STREAM * STREAM_TICKS as usize
     )?;
