@@ -85,6 +85,27 @@ pub struct Blast {
 /// the transport's window). Returns the chunk jobs' ids.
 ///
 /// A failed chunk then retries alone, and a transactional email is a blast of one.
+///
+/// ```no_run
+/// use jobs_core::{Email, JobId, QueueName, QueuePort};
+/// use jobs_notifications::{Blast, publish_emails};
+///
+/// # async fn example(queue: &dyn QueuePort, tenant: jobs_core::TenantId, correlation: jobs_core::CorrelationId, recipients: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
+/// let blast = Blast {
+///     id: JobId::generate(), // keep it to republish the same blast safely
+///     tenant,
+///     correlation,
+///     queue: QueueName::marketing("email")?,
+/// };
+/// let emails = recipients
+///     .into_iter()
+///     .map(|to| Email::new("Acme <news@acme.test>", vec![to], "Winter sale"))
+///     .collect();
+/// let jobs = publish_emails(queue, &blast, emails, 100).await?; // Resend: 100 per batch
+/// # let _ = jobs;
+/// # Ok(())
+/// # }
+/// ```
 pub async fn publish_emails(
     queue: &dyn QueuePort,
     blast: &Blast,
@@ -187,6 +208,27 @@ pub enum SendError {
 /// Taking the tokens is the caller's step before [`EmailSender::send`]: run it behind the
 /// limiter with [`ProviderLimits::buckets`] (in a worker, the consumers' `Throttled` layer,
 /// which defers a denied job without spending an attempt).
+///
+/// ```no_run
+/// use std::{sync::Arc, time::Duration};
+/// use jobs_core::{Bucket, EmailProvider, RateLimiter};
+/// use jobs_notifications::{EmailChunk, EmailSender, ProviderLimits, SendError};
+///
+/// # async fn example(provider: Arc<dyn EmailProvider>, limiter: Arc<dyn RateLimiter>, chunk: EmailChunk) -> Result<(), Box<dyn std::error::Error>> {
+/// let limits = ProviderLimits::new(
+///     "resend",
+///     Bucket::new(5, 5, Duration::from_secs(1))?, // 5 requests/s per team
+///     Bucket::new(2, 2, Duration::from_secs(1))?, // per tenant
+/// );
+/// let sender = EmailSender::new(provider, limiter, limits);
+/// match sender.send(&chunk).await {
+///     Ok(ids) => println!("sent as {ids:?}"),
+///     Err(SendError::Deferred { until, .. }) => println!("come back at {until:?}"),
+///     Err(e) => return Err(e.into()),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub struct EmailSender {
     provider: Arc<dyn EmailProvider>,
     limiter: Arc<dyn RateLimiter>,
