@@ -3,12 +3,17 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::error::ErrorClass;
 
 /// One email of a batch.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+///
+/// Serialisable so that a chunk of a blast can travel as a job's data; absent optional fields
+/// are left out.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
 #[non_exhaustive]
 pub struct Email {
     /// The sender, e.g. `Acme <billing@acme.test>`.
@@ -18,12 +23,16 @@ pub struct Email {
     /// The subject line.
     pub subject: String,
     /// The HTML body, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub html: Option<String>,
     /// The plain-text body, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     /// Where replies go, if not to the sender.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<String>,
     /// Provider tags (name, value), for analytics.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<(String, String)>,
 }
 

@@ -2,13 +2,28 @@
 //! (`notif.{channel}.transactional` and `notif.{channel}.marketing`, see
 //! [`jobs_core::QueueName::notification`]), with transactional traffic always first.
 //!
-//! The senders and providers are being built. What is here is the priority rule:
-//! [`PriorityGate`] decides, with hysteresis so workers do not flap, and [`TransactionalFirst`]
-//! applies it as a layer over a marketing queue's consuming side, so an unchanged worker stops
-//! fetching marketing while the transactional queue of its channel is deep.
+//! - The priority rule: [`PriorityGate`] decides, with hysteresis so workers do not flap, and
+//!   [`TransactionalFirst`] applies it as a layer over a marketing queue's consuming side, so an
+//!   unchanged worker stops fetching marketing while the transactional queue of its channel is
+//!   deep.
+//! - Email: [`publish_emails`] splits a blast into chunk jobs of at most the provider's batch
+//!   size, each with an idempotency key derived from the blast's id and the chunk's index;
+//!   [`EmailSender`] sends one chunk per job through the [`jobs_core::EmailProvider`] port and
+//!   turns the answer into a [`SendError`] verdict: a 429 defers (and drains the provider's
+//!   bucket so every worker backs off), 5xx and timeouts retry, 4xx are permanent.
+//!
+//! This crate depends on `jobs-core` only. A worker runtime composes the two halves: the
+//! tokens of [`ProviderLimits::buckets`] taken first (both or neither), then
+//! [`EmailSender::send`], its verdict mapped onto the runtime's defer, retry or dead letter
+//! (`jobs_ops::notify` does this with `jobs-consumers`).
 
+mod email;
 mod priority;
 
+pub use email::{
+    Blast, DEFAULT_RATE_LIMIT_BACKOFF, EmailChunk, EmailSender, ProviderLimits, SEND_EMAIL_KIND,
+    SendError, chunk_emails, publish_emails,
+};
 pub use priority::TransactionalFirst;
 
 /// Whether marketing workers of a channel may fetch.

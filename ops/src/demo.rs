@@ -4,8 +4,12 @@
 //! Scenes: jobs for a few tenants, a retry that succeeds, a poison message, a job that
 //! exhausts its attempts, a duplicate delivery skipped by `processed_jobs`, and a replay of the
 //! dead letter. Time is compressed by a per-queue retry policy override, with its rationale,
-//! exactly as a module would override the standard's policy.
+//! exactly as a module would override the standard's policy. Then a cron slot fanned out, and
+//! the notification rails: a marketing blast and a stream of transactional emails through the
+//! Resend adapter and the Resend fake (started in process), rate limited per provider and
+//! tenant, with transactional first.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -309,6 +313,283 @@ async fn cron_scene(out: &mut impl Write) -> Result<()> {
         out,
         "  data freshness at 06:00 reaches the 1h, 3h and 6h tiers; 12h waits for 12:00"
     )?;
+    notifications_scene(out).await
+}
+
+/// Marketing emails of the blast.
+const BLAST: usize = 3_000;
+/// Transactional emails published at once when the scene starts (past the gate's threshold).
+const BURST: usize = 24;
+/// Then this many every tick, for `STREAM_TICKS` ticks.
+const STREAM: usize = 3;
+const STREAM_TICKS: u32 = 10;
+const TICK: Duration = Duration::from_millis(250);
+/// The provider's limit as the fake enforces it: requests in any second. Resend's is 5/s; the
+/// demo runs ten times faster to finish in seconds.
+const PROVIDER_LIMIT: usize = 50;
+
+/// A marketing blast and a stream of transactional emails on one channel, through the Resend
+/// fake: transactional first, the provider's rate never exceeded, every email sent once.
+async fn notifications_scene(out: &mut impl Write) -> Result<()> {
+    use jobs_adapter_memory::{MemoryRateLimiter, MemoryStore};
+    use jobs_adapter_resend::{ResendConfig, ResendProvider};
+    use jobs_core::{Bucket, ConsumerPort, Email};
+    use jobs_notifications::{
+        Blast, EmailSender, PriorityGate, ProviderLimits, SEND_EMAIL_KIND, TransactionalFirst,
+        publish_emails,
+    };
+    use jobs_testkit::fakes::resend::FakeResend;
+    use std::time::Instant;
+
+    let fake = FakeResend::start().await?;
+    fake.limit_rate(PROVIDER_LIMIT, Duration::from_secs(1));
+    let provider = Arc::new(ResendProvider::new(
+        ResendConfig::new(fake.api_key()).with_base_url(fake.base_url()),
+    )?);
+    // 6 requests per 250 ms: at most 6 + 6 × 5 = 36 grants in any second of the limiter's
+    // clock, so requests delayed on their way by up to half a second still arrive under the
+    // provider's 50.
+    let bucket = Bucket::new(6, 6, Duration::from_millis(250))?;
+    let limits = ProviderLimits::new("resend", bucket, bucket);
+    let limiter = Arc::new(MemoryRateLimiter::default());
+    let sender = Arc::new(EmailSender::new(provider, limiter.clone(), limits));
+    let queue = MemoryQueue::default();
+    let store = MemoryStore::default();
+    let transactional = QueueName::transactional("email")?;
+    let marketing = QueueName::marketing("email")?;
+    let gate = PriorityGate::new(4, 0)?;
+    let layered = Arc::new(TransactionalFirst::new(
+        Arc::new(queue.clone()),
+        Arc::new(queue.clone()),
+        transactional.clone(),
+        gate,
+    ));
+    let worker = |name: &QueueName, transport: Arc<dyn ConsumerPort>| -> Result<_> {
+        let mut config = jobs_consumers::WorkerConfig::default();
+        config.concurrency = 8;
+        Ok(Worker::builder(
+            ConsumerName::try_from(format!("{name}.sender").as_str())?,
+            name.clone(),
+            transport,
+            Arc::new(store.clone()),
+            Arc::new(store.clone()),
+        )
+        .handler(
+            SEND_EMAIL_KIND.parse()?,
+            jobs_ops::notify::email_handler(sender.clone(), limiter.clone(), Arc::new(SystemClock)),
+        )
+        .config(config)
+        .build()?)
+    };
+    let urgent = worker(&transactional, Arc::new(queue.clone()))?;
+    let bulk = worker(&marketing, layered.clone())?;
+
+    writeln!(
+        out,
+        "\nnotifications: a marketing blast of {BLAST} emails and {} transactional ones through \
+         the Resend fake,\n  which allows {PROVIDER_LIMIT} requests/s; our provider bucket: 6 per \
+         250 ms; marketing pauses above 4 transactional jobs queued",
+        BURST + STREAM * STREAM_TICKS as usize
+    )?;
+    let started = Instant::now();
+    let tenant: TenantId = TENANTS[0].parse()?;
+    let blast = Blast {
+        id: JobId::generate(),
+        tenant,
+        correlation: JobId::generate().to_string().parse()?,
+        queue: marketing.clone(),
+    };
+    let recipients = |prefix: &str, from: usize, n: usize, subject: &str| -> Vec<Email> {
+        (from..from + n)
+            .map(|i| {
+                let mut email = Email::new(
+                    "Acme <news@acme.test>",
+                    vec![format!("{prefix}{i}@example.test")],
+                    subject,
+                );
+                email.text = Some(format!("published at {} ms", started.elapsed().as_millis()));
+                email
+            })
+            .collect()
+    };
+    let chunks = publish_emails(
+        &queue,
+        &blast,
+        recipients("fan", 0, BLAST, "Winter sale"),
+        100,
+    )
+    .await?
+    .len();
+    let mut published: HashMap<String, Instant> = HashMap::new();
+    let mut next_transactional = 0;
+    let mut publish_transactional = async |n: usize| -> Result<()> {
+        for i in next_transactional..next_transactional + n {
+            let tenant: TenantId = TENANTS[i % TENANTS.len()].parse()?;
+            let one = Blast {
+                id: JobId::generate(),
+                tenant,
+                correlation: JobId::generate().to_string().parse()?,
+                queue: transactional.clone(),
+            };
+            let email = recipients("customer", i, 1, "Your receipt");
+            published.insert(email[0].to[0].clone(), Instant::now());
+            publish_emails(&queue, &one, email, 100).await?;
+        }
+        next_transactional += n;
+        Ok(())
+    };
+    publish_transactional(BURST).await?;
+    writeln!(
+        out,
+        "  published {chunks} marketing batch jobs, then a burst of {BURST} transactional emails"
+    )?;
+    writeln!(
+        out,
+        "  {:>6} {:>14} {:>18} {:>15} {:>10}",
+        "time", "trans. waiting", "transactional sent", "marketing sent", "marketing"
+    )?;
+
+    let mut ticks = 0u32;
+    let mut next_tick = started + TICK;
+    let mut paused_this_tick = false;
+    loop {
+        let mut moved = urgent.run_once().await?.len();
+        moved += bulk.run_once().await?.len();
+        paused_this_tick |= layered.paused();
+        if Instant::now() >= next_tick {
+            next_tick += TICK;
+            ticks += 1;
+            let batches = fake.batches();
+            let sent_on = |rail: &str| {
+                batches
+                    .iter()
+                    .filter(|b| b.emails[0]["subject"] == rail)
+                    .map(|b| b.emails.len())
+                    .sum::<usize>()
+            };
+            writeln!(
+                out,
+                "  {:>5.2}s {:>14} {:>18} {:>15} {:>10}",
+                started.elapsed().as_secs_f64(),
+                queue.depth(&transactional).await?.total(),
+                sent_on("Your receipt"),
+                sent_on("Winter sale"),
+                if paused_this_tick { "paused" } else { "open" }
+            )?;
+            paused_this_tick = false;
+            if ticks <= STREAM_TICKS {
+                publish_transactional(STREAM).await?;
+            }
+        }
+        if moved == 0 {
+            let left =
+                queue.depth(&transactional).await?.total() + queue.depth(&marketing).await?.total();
+            if left == 0 && ticks >= STREAM_TICKS {
+                break;
+            }
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "the notification scene did not finish: {left} jobs left"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    let batches = fake.batches();
+    // Latency from publish to the provider, for the burst and for the stream after it.
+    let latencies = |burst: bool| -> Vec<Duration> {
+        let mut found: Vec<Duration> = batches
+            .iter()
+            .filter(|b| b.emails[0]["subject"] == "Your receipt")
+            .filter_map(|b| {
+                let to = b.emails[0]["to"].as_array()?.first()?.as_str()?;
+                let n: usize = to
+                    .strip_prefix("customer")?
+                    .split('@')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                (burst == (n < BURST))
+                    .then(|| Some(b.received_at.duration_since(*published.get(to)?)))
+                    .flatten()
+            })
+            .collect();
+        found.sort();
+        found
+    };
+    let (burst, stream) = (latencies(true), latencies(false));
+    let ms = |found: &[Duration], p: usize| {
+        found
+            .get(found.len().saturating_sub(1) * p / 100)
+            .map_or(0, Duration::as_millis)
+    };
+    let marketing_first = batches
+        .iter()
+        .filter(|b| b.emails[0]["subject"] == "Winter sale")
+        .map(|b| b.received_at.duration_since(started))
+        .min()
+        .context("marketing was sent")?;
+    let marketing_last = batches
+        .iter()
+        .filter(|b| b.emails[0]["subject"] == "Winter sale")
+        .map(|b| b.received_at.duration_since(started))
+        .max()
+        .context("marketing was sent")?;
+    let times = fake.batch_request_times();
+    let peak = times
+        .iter()
+        .enumerate()
+        .map(|(i, at)| {
+            times[i..]
+                .iter()
+                .take_while(|later| later.duration_since(*at) < Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    let sent = fake.sent();
+    let mut distinct: Vec<String> = sent.iter().map(|e| e["to"].to_string()).collect();
+    distinct.sort();
+    distinct.dedup();
+    let expected = BLAST + next_transactional;
+    writeln!(
+        out,
+        "  transactional latency, publish to provider: the burst of {BURST} p50 {} ms, max {} ms \
+         (the bucket's pace);\n    the stream after it p50 {} ms, max {} ms, while the blast \
+         was sending",
+        ms(&burst, 50),
+        ms(&burst, 100),
+        ms(&stream, 50),
+        ms(&stream, 100)
+    )?;
+    writeln!(
+        out,
+        "  marketing: first batch at {:.2}s, after the burst; last at {:.2}s",
+        marketing_first.as_secs_f64(),
+        marketing_last.as_secs_f64()
+    )?;
+    writeln!(
+        out,
+        "  provider: {} batch requests, peak {peak} in any second (limit {PROVIDER_LIMIT}), {} answered 429",
+        times.len(),
+        fake.rate_limited()
+    )?;
+    anyhow::ensure!(
+        sent.len() == expected && distinct.len() == expected,
+        "expected {expected} emails sent once, the provider got {} ({} distinct)",
+        sent.len(),
+        distinct.len()
+    );
+    anyhow::ensure!(
+        fake.paths().iter().all(|p| p == "/emails/batch"),
+        "a request went past the batch endpoint"
+    );
+    writeln!(
+        out,
+        "  {expected} emails sent exactly once, in {} batch requests, through /emails/batch only",
+        batches.len()
+    )?;
+    fake.shutdown().await;
     Ok(())
 }
 
@@ -382,6 +663,9 @@ mod tests {
             "alert: ",
             "exactly once",
             "4 tenants, 3 jobs: 0 queued, 3 duplicates",
+            "paused",
+            ", 0 answered 429",
+            "3054 emails sent exactly once",
         ] {
             assert!(
                 report.contains(expected),

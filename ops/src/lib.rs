@@ -2,3 +2,4 @@
 //! to build its ports from configuration, exactly as `jobsctl` does.
 
 pub mod compose;
+pub mod notify;

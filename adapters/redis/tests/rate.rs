@@ -254,6 +254,111 @@ async fn a_noisy_tenant_cannot_starve_another() {
     .await;
 }
 
+/// Many callers of one limiter, whose acquisitions coalesce into shared script calls: each is
+/// still decided all or none, so the provider hands out exactly its tokens, the small tenant no
+/// more than its own, and a denied acquisition burns nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_acquisitions_are_each_all_or_none() {
+    with_prefix("coalesced", |prefix| async move {
+        const CALLS: usize = 200;
+        // No refill within the test: an hour per token.
+        let provider = (BucketKey::provider("resend"), bucket(30, 1, 3_600_000));
+        let small = (
+            BucketKey::tenant(fixtures::tenant(1), "resend"),
+            bucket(5, 1, 3_600_000),
+        );
+        let large = (
+            BucketKey::tenant(fixtures::tenant(2), "resend"),
+            bucket(1_000, 1, 3_600_000),
+        );
+        let limiter = Arc::new(limiter(&prefix));
+        let calls: Vec<_> = (0..CALLS)
+            .map(|n| {
+                let tenant = if n % 2 == 0 {
+                    small.clone()
+                } else {
+                    large.clone()
+                };
+                let (limiter, provider) = (limiter.clone(), provider.clone());
+                tokio::spawn(async move {
+                    let got = limiter.acquire(&[provider, tenant], 1).await.unwrap();
+                    (n % 2 == 0, got)
+                })
+            })
+            .collect();
+        let (mut small_granted, mut granted) = (0, 0);
+        for call in calls {
+            let (is_small, got) = call.await.unwrap();
+            match got {
+                Acquired::Granted => {
+                    granted += 1;
+                    small_granted += usize::from(is_small);
+                }
+                Acquired::Denied { retry_at } => assert!(retry_at > SystemTime::now()),
+            }
+        }
+        assert_eq!(granted, 30, "the provider's 30 tokens, no more, no fewer");
+        assert!(
+            small_granted <= 5,
+            "the small tenant got {small_granted} of its 5"
+        );
+        // What the small tenant did not get is still in its bucket: denials burned nothing.
+        let mut left = 0;
+        while limiter
+            .acquire(std::slice::from_ref(&small), 1)
+            .await
+            .unwrap()
+            == Acquired::Granted
+        {
+            left += 1;
+        }
+        assert_eq!(left, 5 - small_granted);
+        assert!(matches!(
+            limiter.acquire(&[provider], 1).await.unwrap(),
+            Acquired::Denied { .. }
+        ));
+    })
+    .await;
+}
+
+/// Callers that give up mid-call (their future dropped, as a worker shutting down does) leave
+/// the limiter working: the acquisitions queued behind them are still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_acquisitions_do_not_stall_the_others() {
+    with_prefix("abandoned", |prefix| async move {
+        let limiter = Arc::new(limiter(&prefix));
+        let provider = (BucketKey::provider("resend"), bucket(1_000, 1_000, 1_000));
+        for _ in 0..5 {
+            let calls: Vec<_> = (0..40)
+                .map(|_| {
+                    let (limiter, provider) = (limiter.clone(), provider.clone());
+                    tokio::spawn(async move { limiter.acquire(&[provider], 1).await })
+                })
+                .collect();
+            for (n, call) in calls.iter().enumerate() {
+                if n % 3 == 0 {
+                    call.abort();
+                }
+            }
+            for call in calls {
+                match call.await {
+                    Ok(answer) => assert!(answer.is_ok(), "{answer:?}"),
+                    Err(e) => assert!(e.is_cancelled()),
+                }
+            }
+        }
+        // A deadlock guard, not a timing assertion: a stalled queue never answers.
+        let last = tokio::time::timeout(
+            Duration::from_secs(30),
+            limiter.acquire(std::slice::from_ref(&provider), 1),
+        )
+        .await
+        .expect("the limiter still answers");
+        assert!(last.is_ok());
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn buckets_expire_when_full_again() {
     with_prefix("ttl", |prefix| async move {

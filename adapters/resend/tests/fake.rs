@@ -156,3 +156,49 @@ async fn audiences_and_contacts_are_404_but_recorded() -> TestResult {
     assert!(fake.sent().is_empty());
     Ok(())
 }
+
+async fn post_keyed(fake: &FakeResend, key: &str) -> Result<(StatusCode, Value), reqwest::Error> {
+    let response = reqwest::Client::new()
+        .post(format!("{}/emails/batch", fake.base_url()))
+        .bearer_auth(fake.api_key())
+        .header(reqwest::header::USER_AGENT, "t/1")
+        .header("idempotency-key", key)
+        .json(&json!([email()]))
+        .send()
+        .await?;
+    let status = response.status();
+    Ok((status, response.json().await?))
+}
+
+#[tokio::test]
+async fn a_lost_answer_has_sent_and_its_retry_is_a_replay() -> TestResult {
+    let fake = FakeResend::start().await?;
+    fake.lose_answer_next(1);
+    let (status, body) = post_keyed(&fake, "blast-0").await?;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(
+        fake.sent().len(),
+        1,
+        "the batch was sent before the answer was lost"
+    );
+    let (status, body) = post_keyed(&fake, "blast-0").await?;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(fake.sent().len(), 1, "the retry sent nothing again");
+    assert_eq!(fake.batch_request_times().len(), 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_enforced_rate_answers_429_beyond_the_limit() -> TestResult {
+    let fake = FakeResend::start().await?;
+    fake.limit_rate(2, std::time::Duration::from_secs(3600));
+    for key in ["a", "b"] {
+        assert_eq!(post_keyed(&fake, key).await?.0, StatusCode::OK);
+    }
+    let (status, body) = post_keyed(&fake, "c").await?;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["name"], "rate_limit_exceeded");
+    assert_eq!(fake.rate_limited(), 1);
+    assert_eq!(fake.sent().len(), 2);
+    Ok(())
+}

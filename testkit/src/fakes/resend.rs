@@ -20,8 +20,9 @@
 //! `not_found` but recorded in [`FakeResend::paths`], so that tests can assert that none was
 //! made. The exact texts of the error messages are the fake's own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -45,8 +46,10 @@ const RATE_LIMIT: &str = "5";
 ///
 /// Accepts only the API key it was started with, records every email it accepts
 /// ([`FakeResend::sent`]), every accepted batch with its headers ([`FakeResend::batches`]) and
-/// every request path ([`FakeResend::paths`]), and has fault hooks: [`FakeResend::fail_next`]
-/// and [`FakeResend::rate_limit_next`]. The server stops when the value is dropped (or,
+/// every request path ([`FakeResend::paths`]) and when each batch request arrived
+/// ([`FakeResend::batch_request_times`]), and has fault hooks: [`FakeResend::fail_next`],
+/// [`FakeResend::rate_limit_next`], [`FakeResend::lose_answer_next`] and an enforced rate
+/// ([`FakeResend::limit_rate`]). The server stops when the value is dropped (or,
 /// awaiting the end, with [`FakeResend::shutdown`]).
 ///
 /// ```no_run
@@ -81,6 +84,8 @@ pub struct FakeBatch {
     pub emails: Vec<Value>,
     /// The ids answered, in order.
     pub ids: Vec<String>,
+    /// When the request arrived.
+    pub received_at: Instant,
 }
 
 #[derive(Debug)]
@@ -97,6 +102,18 @@ struct FakeState {
     last_id: u64,
     fault: Option<Fault>,
     rate_limit: Option<RateLimit>,
+    lose_answers: usize,
+    window: Option<Window>,
+    batch_requests: Vec<Instant>,
+    rate_limited: usize,
+}
+
+/// At most `limit` admitted batch requests in any `per`.
+#[derive(Debug)]
+struct Window {
+    limit: usize,
+    per: Duration,
+    admitted: VecDeque<Instant>,
 }
 
 #[derive(Debug)]
@@ -202,6 +219,35 @@ impl FakeResend {
         });
     }
 
+    /// Makes the next `n` batches that would be accepted be accepted and recorded, but answered
+    /// `500` `internal_server_error`, as when the answer is lost after the provider sent the
+    /// emails; `n = 0` clears it. A retry with the same idempotency key is then answered with
+    /// the same ids, sending nothing again.
+    pub fn lose_answer_next(&self, n: usize) {
+        self.shared.state().lose_answers = n;
+    }
+
+    /// Enforces Resend's per-team limit: a batch request beyond `limit` in any window of `per`
+    /// is answered `429` `rate_limit_exceeded` with `retry-after` (whole seconds, at least 1)
+    /// until the oldest request of the window leaves it. Requests answered 429 do not count.
+    pub fn limit_rate(&self, limit: usize, per: Duration) {
+        self.shared.state().window = Some(Window {
+            limit: limit.max(1),
+            per,
+            admitted: VecDeque::new(),
+        });
+    }
+
+    /// When each `POST /emails/batch` arrived, in order, whatever its answer.
+    pub fn batch_request_times(&self) -> Vec<Instant> {
+        self.shared.state().batch_requests.clone()
+    }
+
+    /// How many batch requests were answered `429` so far.
+    pub fn rate_limited(&self) -> usize {
+        self.shared.state().rate_limited
+    }
+
     /// Stops the server and waits until it has closed its connections.
     pub async fn shutdown(self) {
         self.server.shutdown().await;
@@ -236,7 +282,12 @@ async fn handle(
 /// `POST /emails/batch`.
 fn send_batch(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Response {
     let mut state = shared.state();
-    if let Some(retry_after_secs) = take_rate_limit(&mut state) {
+    let now = Instant::now();
+    state.batch_requests.push(now);
+    if let Some(retry_after_secs) =
+        take_rate_limit(&mut state).or_else(|| over_rate(&mut state, now))
+    {
+        state.rate_limited += 1;
         let mut response = error(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_exceeded",
@@ -364,8 +415,36 @@ fn send_batch(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Response {
         content_type: text_header(headers, header::CONTENT_TYPE),
         emails,
         ids: ids.clone(),
+        received_at: now,
     });
+    if state.lose_answers > 0 {
+        state.lose_answers -= 1;
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_server_error",
+            "The answer was lost after sending (injected by FakeResend).",
+        );
+    }
     ok(&ids)
+}
+
+/// With an enforced rate, admits the request at `now` or says how many seconds to wait.
+fn over_rate(state: &mut FakeState, now: Instant) -> Option<u64> {
+    let window = state.window.as_mut()?;
+    while window
+        .admitted
+        .front()
+        .is_some_and(|at| now.duration_since(*at) >= window.per)
+    {
+        window.admitted.pop_front();
+    }
+    if window.admitted.len() < window.limit {
+        window.admitted.push_back(now);
+        return None;
+    }
+    let oldest = *window.admitted.front()?;
+    let wait = window.per.saturating_sub(now.duration_since(oldest));
+    Some(wait.as_secs_f64().ceil().max(1.0) as u64)
 }
 
 /// Why an email misses a required field, if it does.
