@@ -79,4 +79,10 @@ impl ConsumerPort for TransactionalFirst {
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
         self.inner.extend(lease, by).await
     }
+
+    /// The marketing queue's own hint. A gate reopening wakes nobody: the worker's poll finds
+    /// it, which is soon enough for the rail that waits by design.
+    async fn wait_for_work(&self, queue: &QueueName) {
+        self.inner.wait_for_work(queue).await;
+    }
 }

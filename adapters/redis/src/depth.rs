@@ -218,6 +218,10 @@ impl ConsumerPort for CountedQueue {
         }
         Ok(extended)
     }
+
+    async fn wait_for_work(&self, queue: &QueueName) {
+        self.consumer.wait_for_work(queue).await;
+    }
 }
 
 #[async_trait]
