@@ -12,7 +12,8 @@
 //!   message, and 5xx, timeouts, connection errors and an idempotent request still in flight
 //!   are [`EmailError::Unavailable`].
 //!
-//! [`chunk_blast`] splits a blast into batches, each meant to be its own job.
+//! Splitting a blast into chunks, each its own job with its own key, is the caller's
+//! (`jobs_notifications::chunk_emails`).
 //!
 //! Our store is the source of truth for recipients: this crate has no code path to Resend
 //! Audiences or contacts, by design. The API key never appears in `Debug` output or in errors.
@@ -31,7 +32,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use jobs_core::{Email, EmailError, EmailProvider, JobId};
+use jobs_core::{Email, EmailError, EmailProvider};
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
@@ -55,37 +56,6 @@ const MAX_DETAIL_CHARS: usize = 500;
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 const BATCH_VALIDATION: HeaderName = HeaderName::from_static("x-batch-validation");
 const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-
-/// Splits a blast into batches of at most [`MAX_BATCH`] emails, in order, each with the
-/// idempotency key `{job_id}-{index}` (index from 0).
-///
-/// Each chunk is meant to be enqueued as its own job, sending it with
-/// [`EmailProvider::send_batch`] and its key: a failed chunk is then retried alone, and a retry
-/// of a chunk Resend already accepted is answered with the same ids without sending again. The
-/// keys are stable: the same job id and the same emails always give the same chunks and keys.
-///
-/// ```
-/// use jobs_adapter_resend::chunk_blast;
-/// use jobs_core::{Email, JobId};
-///
-/// let job = JobId::generate();
-/// let emails = vec![Email::new("a@acme.test", vec!["b@acme.test".into()], "Hi"); 150];
-/// let chunks = chunk_blast(job, emails);
-/// assert_eq!(chunks.len(), 2);
-/// assert_eq!(chunks[1].0, format!("{job}-1"));
-/// assert_eq!(chunks[1].1.len(), 50);
-/// ```
-pub fn chunk_blast(job_id: JobId, emails: Vec<Email>) -> Vec<(String, Vec<Email>)> {
-    let mut chunks = Vec::with_capacity(emails.len().div_ceil(MAX_BATCH));
-    let mut rest = emails.into_iter().peekable();
-    let mut index = 0usize;
-    while rest.peek().is_some() {
-        let chunk: Vec<Email> = rest.by_ref().take(MAX_BATCH).collect();
-        chunks.push((format!("{job_id}-{index}"), chunk));
-        index += 1;
-    }
-    chunks
-}
 
 /// An [`EmailProvider`] that sends each batch with one request to Resend's batch endpoint.
 ///
@@ -168,7 +138,7 @@ impl EmailProvider for ResendProvider {
     ) -> Result<Vec<String>, EmailError> {
         if emails.is_empty() || emails.len() > MAX_BATCH {
             return Err(local_rejection(format!(
-                "a Resend batch carries 1 to {MAX_BATCH} emails, this one has {}; nothing was sent (split blasts with chunk_blast)",
+                "a Resend batch carries 1 to {MAX_BATCH} emails, this one has {}; nothing was sent (split blasts into jobs of at most {MAX_BATCH})",
                 emails.len()
             )));
         }
@@ -461,17 +431,5 @@ mod tests {
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
         headers.insert(RETRY_AFTER, HeaderValue::from_static("3"));
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(3)));
-    }
-
-    #[test]
-    fn chunks_are_at_most_a_batch() {
-        let job = JobId::from_parts(1, 2);
-        let emails = vec![Email::new("a@x.test", vec!["b@x.test".to_owned()], "s"); 201];
-        let sizes: Vec<usize> = chunk_blast(job, emails)
-            .iter()
-            .map(|(_, chunk)| chunk.len())
-            .collect();
-        assert_eq!(sizes, [100, 100, 1]);
-        assert!(chunk_blast(job, Vec::new()).is_empty());
     }
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use jobs_adapter_resend::{
-    LOCAL_REJECTION_STATUS, MAX_BATCH, ResendConfig, ResendError, ResendProvider, chunk_blast,
+    LOCAL_REJECTION_STATUS, MAX_BATCH, ResendConfig, ResendError, ResendProvider,
 };
 use jobs_core::{Email, EmailError, EmailProvider, JobId};
 use jobs_testkit::fakes::resend::FakeResend;
@@ -120,27 +120,6 @@ async fn empty_and_oversized_batches_are_refused_without_a_request() -> TestResu
     Ok(())
 }
 
-#[test]
-fn chunk_blast_splits_250_into_100_100_50_with_stable_distinct_keys() {
-    let job = JobId::generate();
-    let chunks = chunk_blast(job, emails(250));
-    let sizes: Vec<usize> = chunks.iter().map(|(_, chunk)| chunk.len()).collect();
-    assert_eq!(sizes, [100, 100, 50]);
-    let keys: Vec<&str> = chunks.iter().map(|(key, _)| key.as_str()).collect();
-    assert_eq!(
-        keys,
-        [format!("{job}-0"), format!("{job}-1"), format!("{job}-2")]
-    );
-    assert_eq!(chunks[1].1[0].subject, "Invoice 100");
-    assert_eq!(chunks[2].1[49].subject, "Invoice 249");
-
-    let again = chunk_blast(job, emails(250));
-    let keys_again: Vec<&str> = again.iter().map(|(key, _)| key.as_str()).collect();
-    assert_eq!(keys, keys_again);
-    let other = chunk_blast(JobId::generate(), emails(250));
-    assert_ne!(other[0].0, chunks[0].0);
-}
-
 #[tokio::test]
 async fn a_retried_batch_is_not_sent_twice_and_returns_the_same_ids() -> TestResult {
     let fake = FakeResend::start().await?;
@@ -172,8 +151,13 @@ async fn a_full_blast_goes_through_the_batch_endpoint_only() -> TestResult {
     let provider = provider_for(&fake)?;
 
     let mut ids = Vec::new();
-    for (key, chunk) in chunk_blast(JobId::generate(), emails(250)) {
-        ids.extend(provider.send_batch(&chunk, &key).await?);
+    let blast = JobId::generate();
+    for (index, chunk) in emails(250).chunks(100).enumerate() {
+        ids.extend(
+            provider
+                .send_batch(chunk, &format!("{blast}-{index}"))
+                .await?,
+        );
     }
 
     assert_eq!(ids.len(), 250);
