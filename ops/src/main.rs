@@ -4,6 +4,7 @@
 mod bulk;
 mod cron;
 mod dead_letters;
+#[cfg(feature = "demo")]
 mod demo;
 mod journal;
 mod publish;
@@ -101,10 +102,12 @@ enum Command {
     /// Run the worker runtime on the embedded defaults and narrate what happens.
     ///
     /// Needs nothing but this binary: an in-memory queue, a SQLite store in a temporary file,
-    /// console alerts. Ignores the configuration.
+    /// console alerts, the Resend fake in process. Ignores the configuration. (Built with the
+    /// default `demo` feature, which links the test kit's fakes.)
     ///
     /// Example:
     ///   jobsctl demo
+    #[cfg(feature = "demo")]
     #[command(verbatim_doc_comment)]
     Demo,
     /// Create or update the store's tables (`core.processed_jobs`, `core.dead_letters`).
@@ -408,6 +411,7 @@ fn main() -> ExitCode {
     if let Command::Envelope(EnvelopeCommand::Validate { file, lines, json }) = &cli.command {
         return validate(file, *lines, *json);
     }
+    #[cfg(feature = "demo")]
     if let Command::Demo = cli.command {
         return finish(block_on(async {
             demo::run(&mut std::io::stdout().lock()).await
@@ -423,7 +427,9 @@ fn main() -> ExitCode {
 async fn run(command: Command, config: Config) -> Result<()> {
     let out = &mut std::io::stdout().lock();
     match command {
-        Command::Demo | Command::Envelope(_) => unreachable!("handled before configuration"),
+        #[cfg(feature = "demo")]
+        Command::Demo => unreachable!("handled before configuration"),
+        Command::Envelope(_) => unreachable!("handled before configuration"),
         Command::Config { json } => show_config(&config, json, out),
         Command::Migrate => {
             let store = Store::connect(&config).await?;
