@@ -736,7 +736,16 @@ async fn pg_queue(url: &str) -> Result<PgQueue, ComposeError> {
     let store = PgStore::connect(&format!("postgres://{rest}"))
         .await
         .map_err(|e| ComposeError::Queue(e.to_string()))?;
-    Ok(PgQueue::new(store.pool().clone()))
+    let queue = PgQueue::new(store.pool().clone());
+    match queue.is_migrated().await {
+        Ok(true) => Ok(queue),
+        Ok(false) => Err(ComposeError::Queue(
+            "that database has no core.jobs table: run `jobsctl migrate --database-url \
+             postgres://…` on the same database first"
+                .into(),
+        )),
+        Err(e) => Err(ComposeError::Queue(e.to_string())),
+    }
 }
 
 /// `transport` counted in the Redis [`DEPTH_URL`] names (keys `jobs:depth:<queue>`), or

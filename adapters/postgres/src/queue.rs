@@ -127,6 +127,14 @@ impl PgQueue {
         &self.pool
     }
 
+    /// Whether the database holds the queue's table, so that a composition root can say
+    /// "migrate first" once instead of every call failing on a missing relation.
+    pub async fn is_migrated(&self) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar("select to_regclass('core.jobs') is not null")
+            .fetch_one(&self.pool)
+            .await
+    }
+
     /// Publishes `envelope` on `queue` inside the caller's transaction (`conn` is e.g.
     /// `&mut *tx` of a `sqlx::Transaction`): the job exists if and only if that transaction
     /// commits, and its wake-up is sent at the commit.

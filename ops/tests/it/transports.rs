@@ -70,9 +70,15 @@ fn stdout(output: &Output) -> String {
 #[tokio::test]
 async fn publish_and_queues_reach_the_postgres_queue() {
     let db = crate::pg::TestDb::create().await;
+    let queue_url = db.url.replacen("postgres", "postgres-queue", 1);
+    let unmigrated = publish_to(QUEUE, &queue_url, &[], &[]);
+    assert_eq!(unmigrated.status.code(), Some(1), "{unmigrated:?}");
+    assert!(
+        String::from_utf8_lossy(&unmigrated.stderr).contains("jobsctl migrate"),
+        "says what to do: {unmigrated:?}"
+    );
     let migrated = jobsctl_with(&["migrate", "--database-url", &db.url], &[]);
     assert!(migrated.status.success(), "{migrated:?}");
-    let queue_url = db.url.replacen("postgres", "postgres-queue", 1);
 
     let now = publish(&queue_url, &[], &[]);
     let later = publish(&queue_url, &[], &["--delay", "1h"]);
