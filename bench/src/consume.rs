@@ -7,15 +7,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use crate::support;
+use anyhow::Result;
 use async_trait::async_trait;
 use jobs_adapter_memory::MemoryQueue;
 use jobs_adapter_postgres::{PgStore, PgWorkTx};
 use jobs_consumers::{Handler, Job, JobError, Worker, WorkerConfig};
 use jobs_core::{ConsumerName, Envelope, JobId, PublishOptions, QueueName, QueuePort};
 use serde::Deserialize;
+use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
 const CONCURRENCY: [usize; 3] = [1, 4, 16];
 
@@ -23,35 +24,10 @@ const CONCURRENCY: [usize; 3] = [1, 4, 16];
 const ROUNDS: usize = 3;
 
 pub(crate) fn run() -> Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(bench())
-}
-
-async fn bench() -> Result<()> {
-    let jobs: u64 = std::env::var("JOBS_BENCH_JOBS")
-        .ok()
-        .map(|n| n.parse())
-        .transpose()
-        .context("JOBS_BENCH_JOBS must be a number")?
-        .unwrap_or(10_000);
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let server = PgConnectOptions::from_str(&url)?.disable_statement_logging();
-    let name = format!("jobs_bench_{}", std::process::id());
-    let mut admin = PgConnection::connect_with(&server)
-        .await
-        .context("connecting to PostgreSQL")?;
-    sqlx::query(&format!("create database \"{name}\""))
-        .execute(&mut admin)
-        .await?;
-    let options = server.clone().database(&name);
-    let result = compare(&options, jobs).await;
-    sqlx::query(&format!("drop database if exists \"{name}\" with (force)"))
-        .execute(&mut admin)
-        .await?;
-    result
+    let jobs = support::count("JOBS_BENCH_JOBS", 10_000)?;
+    support::block_on(support::with_database("jobs_bench", |options| async move {
+        compare(&options, jobs).await
+    }))
 }
 
 async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {

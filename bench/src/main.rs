@@ -6,6 +6,7 @@
 mod consume;
 mod pgqueue;
 mod ratelimit;
+mod support;
 mod vercel;
 
 use std::process::ExitCode;

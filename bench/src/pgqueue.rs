@@ -16,13 +16,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::support;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use jobs_adapter_postgres::{BatchError, BatchHandler, NewJob, PgQueue, PgStore};
 use jobs_core::{ConsumerName, Envelope, PublishOptions, QueueName};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::types::Uuid;
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 
 const CONCURRENCY: [usize; 3] = [1, 4, 16];
 
@@ -41,36 +42,12 @@ const CONSUMER: &str = "bench.consumer";
 pub(crate) fn run(jobs: Option<&str>) -> Result<()> {
     let jobs: u64 = match jobs {
         Some(n) => n.parse().context("the job count must be a number")?,
-        None => std::env::var("JOBS_BENCH_PG_QUEUE_JOBS")
-            .ok()
-            .map(|n| n.parse())
-            .transpose()
-            .context("JOBS_BENCH_PG_QUEUE_JOBS must be a number")?
-            .unwrap_or(100_000),
+        None => support::count("JOBS_BENCH_PG_QUEUE_JOBS", 100_000)?,
     };
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(bench(jobs))
-}
-
-async fn bench(jobs: u64) -> Result<()> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let server = PgConnectOptions::from_str(&url)?.disable_statement_logging();
-    let name = format!("jobs_bench_pgq_{}", std::process::id());
-    let mut admin = PgConnection::connect_with(&server)
-        .await
-        .context("connecting to PostgreSQL")?;
-    sqlx::query(&format!("create database \"{name}\""))
-        .execute(&mut admin)
-        .await?;
-    let options = server.clone().database(&name);
-    let result = compare(&options, jobs).await;
-    sqlx::query(&format!("drop database if exists \"{name}\" with (force)"))
-        .execute(&mut admin)
-        .await?;
-    result
+    support::block_on(support::with_database(
+        "jobs_bench_pgq",
+        |options| async move { compare(&options, jobs).await },
+    ))
 }
 
 async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::support;
 use anyhow::{Context, Result};
 use jobs_adapter_redis::{DEFAULT_TIMEOUT, RedisRateLimiter, SCRIPT};
 use jobs_core::{Acquired, Bucket, BucketKey, RateLimiter, TenantId};
@@ -25,19 +26,11 @@ const ROUNDS: usize = 3;
 const TENANTS: usize = 4;
 
 pub(crate) fn run() -> Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(bench())
+    support::block_on(bench())
 }
 
 async fn bench() -> Result<()> {
-    let acquisitions: u64 = std::env::var("JOBS_BENCH_ACQUISITIONS")
-        .ok()
-        .map(|n| n.parse())
-        .transpose()
-        .context("JOBS_BENCH_ACQUISITIONS must be a number")?
-        .unwrap_or(20_000);
+    let acquisitions: u64 = support::count("JOBS_BENCH_ACQUISITIONS", 20_000)?;
     let url = std::env::var("REDIS_URL")
         .ok()
         .filter(|url| !url.is_empty())

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use crate::support;
+use anyhow::Result;
 use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueuesConfig, topic_of};
 use jobs_core::{ConsumerPort, Envelope, PublishOptions, QueueName, QueuePort};
 use jobs_testkit::emulators::VercelQueuesEmulator;
@@ -22,19 +23,11 @@ const CONCURRENCY: [usize; 2] = [1, 8];
 const LEASE: Duration = Duration::from_secs(300);
 
 pub(crate) fn run() -> Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(bench())
+    support::block_on(bench())
 }
 
 async fn bench() -> Result<()> {
-    let messages: u64 = std::env::var("JOBS_BENCH_MESSAGES")
-        .ok()
-        .map(|n| n.parse())
-        .transpose()
-        .context("JOBS_BENCH_MESSAGES must be a number")?
-        .unwrap_or(2_000);
+    let messages: u64 = support::count("JOBS_BENCH_MESSAGES", 2_000)?;
     let emulator = VercelQueuesEmulator::start_devserver().await;
     let config = VercelQueuesConfig::new(Region::new("iad1")?, StaticToken::new("bench"))
         .base_url_override(emulator.base_url())?;

@@ -14,7 +14,7 @@ use jobs_adapter_vercel_queues::{
     AccessToken, Region, StaticToken, TokenError, TokenSource, VercelQueues, VercelQueuesConfig,
     topic_of,
 };
-use jobs_core::{ConsumerPort, PublishOptions, QueueError, QueueName, QueuePort};
+use jobs_core::{ConsumerPort, PublishOptions, QueueError, QueueName, QueuePort, Receipt};
 use jobs_testkit::fakes::FakeVercelQueues;
 use jobs_testkit::fixtures;
 
@@ -31,6 +31,17 @@ fn on(fake: &FakeVercelQueues) -> VercelQueues {
 
 fn queue() -> QueueName {
     "jobs.fake".parse().unwrap()
+}
+
+/// Publishes envelope `n` of tenant 1 on the test queue.
+async fn publish_one(vercel: &VercelQueues, n: u64) -> Result<Receipt, QueueError> {
+    vercel
+        .publish(
+            &queue(),
+            &fixtures::envelope(1, n),
+            PublishOptions::default(),
+        )
+        .await
 }
 
 #[tokio::test]
@@ -83,14 +94,7 @@ async fn a_deferred_send_is_a_success_without_an_id_and_is_delivered() {
     let fake = FakeVercelQueues::start().await;
     let vercel = on(&fake);
     fake.defer_next_sends(1);
-    let receipt = vercel
-        .publish(
-            &queue(),
-            &fixtures::envelope(1, 1),
-            PublishOptions::default(),
-        )
-        .await
-        .unwrap();
+    let receipt = publish_one(&vercel, 1).await.unwrap();
     assert_eq!(receipt.message_id, None);
     assert_eq!(
         vercel
@@ -108,12 +112,7 @@ async fn rate_limits_and_server_errors_are_retried_honouring_retry_after() {
     let vercel = on(&fake);
     fake.fail_next(1, 429, Some(1));
     let started = std::time::Instant::now();
-    vercel
-        .publish(
-            &queue(),
-            &fixtures::envelope(1, 1),
-            PublishOptions::default(),
-        )
+    publish_one(&vercel, 1)
         .await
         .expect("the retry after 1 s succeeds");
     assert!(
@@ -123,24 +122,12 @@ async fn rate_limits_and_server_errors_are_retried_honouring_retry_after() {
     assert_eq!(fake.sent().len(), 1);
 
     fake.fail_next(2, 503, None);
-    vercel
-        .publish(
-            &queue(),
-            &fixtures::envelope(1, 2),
-            PublishOptions::default(),
-        )
+    publish_one(&vercel, 2)
         .await
         .expect("two 503s are within the budget of three retries");
 
     fake.fail_next(4, 502, None);
-    let err = vercel
-        .publish(
-            &queue(),
-            &fixtures::envelope(1, 3),
-            PublishOptions::default(),
-        )
-        .await
-        .unwrap_err();
+    let err = publish_one(&vercel, 3).await.unwrap_err();
     assert!(matches!(err, QueueError::Unavailable { .. }), "{err}");
     assert!(err.to_string().contains("502"), "{err}");
 }
@@ -150,14 +137,7 @@ async fn a_retry_after_longer_than_the_longest_backoff_is_returned_at_once() {
     let fake = FakeVercelQueues::start().await;
     let vercel = on(&fake);
     fake.fail_next(1, 429, Some(30));
-    let err = vercel
-        .publish(
-            &queue(),
-            &fixtures::envelope(1, 1),
-            PublishOptions::default(),
-        )
-        .await
-        .unwrap_err();
+    let err = publish_one(&vercel, 1).await.unwrap_err();
     match err {
         QueueError::RateLimited { retry_after, .. } => {
             assert_eq!(retry_after, Some(Duration::from_secs(30)));
@@ -173,14 +153,7 @@ async fn refusals_are_permanent_and_carry_the_servers_message() {
     let vercel = on(&fake);
     for status in [400, 403] {
         fake.fail_next(1, status, None);
-        let err = vercel
-            .publish(
-                &queue(),
-                &fixtures::envelope(1, 1),
-                PublishOptions::default(),
-            )
-            .await
-            .unwrap_err();
+        let err = publish_one(&vercel, 1).await.unwrap_err();
         assert!(
             matches!(err, QueueError::Rejected { .. }),
             "{status}: {err}"
@@ -188,14 +161,7 @@ async fn refusals_are_permanent_and_carry_the_servers_message() {
         assert!(err.to_string().contains(&status.to_string()), "{err}");
     }
     let wrong = VercelQueues::new(config(&fake, StaticToken::new("wrong"))).unwrap();
-    let err = wrong
-        .publish(
-            &queue(),
-            &fixtures::envelope(1, 1),
-            PublishOptions::default(),
-        )
-        .await
-        .unwrap_err();
+    let err = publish_one(&wrong, 1).await.unwrap_err();
     assert!(matches!(err, QueueError::Rejected { .. }), "{err}");
     assert!(err.to_string().contains("401"), "{err}");
     assert!(fake.sent().is_empty());
@@ -224,14 +190,7 @@ async fn expired_leases_answer_409_and_are_reported_lost() {
     let fake = FakeVercelQueues::start().await;
     let vercel = on(&fake);
     for n in 0..3 {
-        vercel
-            .publish(
-                &queue(),
-                &fixtures::envelope(1, n),
-                PublishOptions::default(),
-            )
-            .await
-            .unwrap();
+        publish_one(&vercel, n).await.unwrap();
     }
     let got = vercel
         .receive(&queue(), 10, Duration::from_secs(30))
@@ -297,23 +256,11 @@ async fn tokens_are_refreshed_when_they_expire_and_after_a_401() {
         }
     }
     let vercel = VercelQueues::new(config(&fake, Shared(tokens.clone()))).unwrap();
-    vercel
-        .publish(
-            &queue(),
-            &fixtures::envelope(1, 1),
-            PublishOptions::default(),
-        )
+    publish_one(&vercel, 1)
         .await
         .expect("the 401 for the stale token is followed by one refresh");
     assert_eq!(tokens.calls.load(Ordering::SeqCst), 2);
-    vercel
-        .publish(
-            &queue(),
-            &fixtures::envelope(1, 2),
-            PublishOptions::default(),
-        )
-        .await
-        .unwrap();
+    publish_one(&vercel, 2).await.unwrap();
     assert_eq!(
         tokens.calls.load(Ordering::SeqCst),
         3,
@@ -356,14 +303,7 @@ async fn pushed_callbacks_with_and_without_payload_reach_the_runtime_and_settle(
     let url = serve(vercel.clone()).await;
     let topic = topic_of(&queue());
     for n in 0..2 {
-        vercel
-            .publish(
-                &queue(),
-                &fixtures::envelope(1, n),
-                PublishOptions::default(),
-            )
-            .await
-            .unwrap();
+        publish_one(&vercel, n).await.unwrap();
     }
     let with = fake.push_next(&url, &topic, "workers", true).await.unwrap();
     assert_eq!(
@@ -391,14 +331,7 @@ async fn pushed_callbacks_with_and_without_payload_reach_the_runtime_and_settle(
 async fn a_callback_whose_runtime_could_not_settle_answers_500() {
     let fake = FakeVercelQueues::start().await;
     let vercel = on(&fake);
-    vercel
-        .publish(
-            &queue(),
-            &fixtures::envelope(1, 1),
-            PublishOptions::default(),
-        )
-        .await
-        .unwrap();
+    publish_one(&vercel, 1).await.unwrap();
     let app = Router::new().route(
         "/api/queue",
         post(
