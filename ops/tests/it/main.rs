@@ -1,6 +1,7 @@
 //! End-to-end tests of the composition: the real `jobsctl` binary, and the worker runtime on
 //! real stores.
 
+mod book;
 mod bulk;
 mod cli;
 mod config;

@@ -4,38 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use jobs_adapter_memory::MemoryQueue;
-use jobs_adapter_postgres::{PgStore, PgWorkTx};
-use jobs_consumers::{Handler, Job, JobError, Outcome, Worker, WorkerConfig};
+use jobs_adapter_postgres::PgStore;
+use jobs_consumers::{Outcome, Worker, WorkerConfig};
 use jobs_core::{ConsumerName, ManualClock, PublishOptions, QueueName, QueuePort};
 use jobs_testkit::faults::LosesAcks;
-use serde::Deserialize;
 
+use crate::book::{self, Book};
 use crate::pg::TestDb;
-
-#[derive(Deserialize)]
-struct Invoice {
-    invoice: i64,
-}
-
-/// Books the invoice in the same transaction as the processed_jobs claim.
-struct Book;
-
-#[async_trait]
-impl Handler<PgWorkTx> for Book {
-    type Data = Invoice;
-
-    async fn handle(&self, job: Job<Invoice>, tx: &mut PgWorkTx) -> Result<(), JobError> {
-        sqlx::query("insert into booked (invoice, job_id) values ($1, $2)")
-            .bind(job.envelope.data.invoice)
-            .bind(job.envelope.job_id.as_uuid())
-            .execute(tx.conn())
-            .await
-            .map_err(JobError::retry)?;
-        Ok(())
-    }
-}
 
 fn one_at_a_time() -> WorkerConfig {
     let mut config = WorkerConfig::default();
@@ -49,10 +25,7 @@ async fn a_business_row_is_committed_once_under_duplicates_and_a_crash_before_ac
     let pool = db.pool().await;
     let store = PgStore::from_pool(pool.clone());
     store.migrate().await.expect("migrate");
-    sqlx::query("create table booked (invoice bigint not null, job_id uuid not null)")
-        .execute(&pool)
-        .await
-        .expect("create the business table");
+    book::create_table(&pool).await;
 
     let clock = ManualClock::default();
     let queue = MemoryQueue::new(Arc::new(clock.clone()));
@@ -67,7 +40,10 @@ async fn a_business_row_is_committed_once_under_duplicates_and_a_crash_before_ac
         Arc::new(store.clone()),
         Arc::new(store.clone()),
     )
-    .handler("billing.invoice_issued".parse().expect("valid"), Book)
+    .handler(
+        "billing.invoice_issued".parse().expect("valid"),
+        Book::succeeding(),
+    )
     .clock(Arc::new(clock.clone()))
     .config(one_at_a_time())
     .build()
@@ -123,28 +99,11 @@ async fn a_business_row_is_committed_once_under_duplicates_and_a_crash_before_ac
 
 #[tokio::test]
 async fn a_failing_handler_leaves_no_business_row_and_no_claim() {
-    struct Fails;
-    #[async_trait]
-    impl Handler<PgWorkTx> for Fails {
-        type Data = Invoice;
-        async fn handle(&self, job: Job<Invoice>, tx: &mut PgWorkTx) -> Result<(), JobError> {
-            sqlx::query("insert into booked (invoice, job_id) values ($1, $2)")
-                .bind(job.envelope.data.invoice)
-                .bind(job.envelope.job_id.as_uuid())
-                .execute(tx.conn())
-                .await
-                .map_err(JobError::retry)?;
-            Err(JobError::retry("the ledger is down after the insert"))
-        }
-    }
     let db = TestDb::create().await;
     let pool = db.pool().await;
     let store = PgStore::from_pool(pool.clone());
     store.migrate().await.expect("migrate");
-    sqlx::query("create table booked (invoice bigint not null, job_id uuid not null)")
-        .execute(&pool)
-        .await
-        .expect("create the business table");
+    book::create_table(&pool).await;
     let queue = MemoryQueue::new(Arc::new(ManualClock::default()));
     let name: QueueName = "billing.invoices".parse().expect("valid");
     let worker = Worker::builder(
@@ -154,7 +113,10 @@ async fn a_failing_handler_leaves_no_business_row_and_no_claim() {
         Arc::new(store.clone()),
         Arc::new(store.clone()),
     )
-    .handler("billing.invoice_issued".parse().expect("valid"), Fails)
+    .handler(
+        "billing.invoice_issued".parse().expect("valid"),
+        Book::failing(u32::MAX),
+    )
     .build()
     .expect("valid");
     let envelope = jobs_testkit::fixtures::envelope_with(

@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use jobs_adapter_postgres::{PgStore, PgWorkTx};
+use jobs_adapter_postgres::PgStore;
 use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueuesConfig};
-use jobs_consumers::{Handler, Job, JobError, Outcome, Worker, WorkerConfig};
+use jobs_consumers::{Outcome, Worker, WorkerConfig};
 use jobs_core::{
     ConsumerName, ConsumerPort, DeadLetterFilter, DeadLetterStore, PublishOptions, QueueName,
     QueuePort,
@@ -17,39 +16,9 @@ use jobs_core::{
 use jobs_testkit::emulators::VercelQueuesEmulator;
 use jobs_testkit::faults::LosesAcks;
 use jobs_testkit::{TimeTravel, fixtures};
-use serde::Deserialize;
 
+use crate::book::{self, Book};
 use crate::pg::TestDb;
-
-#[derive(Deserialize)]
-struct Invoice {
-    invoice: i64,
-}
-
-/// Books the invoice in the work transaction; fails the first `failures` attempts after the
-/// insert, so a failed attempt must leave no row.
-struct Book {
-    failures: u32,
-    runs: Arc<AtomicU32>,
-}
-
-#[async_trait]
-impl Handler<PgWorkTx> for Book {
-    type Data = Invoice;
-
-    async fn handle(&self, job: Job<Invoice>, tx: &mut PgWorkTx) -> Result<(), JobError> {
-        sqlx::query("insert into booked (invoice, job_id) values ($1, $2)")
-            .bind(job.envelope.data.invoice)
-            .bind(job.envelope.job_id.as_uuid())
-            .execute(tx.conn())
-            .await
-            .map_err(JobError::retry)?;
-        if self.runs.fetch_add(1, Ordering::SeqCst) < self.failures {
-            return Err(JobError::retry("the ledger is down after the insert"));
-        }
-        Ok(())
-    }
-}
 
 struct Setup {
     emulator: VercelQueuesEmulator,
@@ -71,10 +40,7 @@ async fn setup() -> Setup {
     let pool = db.pool().await;
     let store = PgStore::from_pool(pool.clone());
     store.migrate().await.expect("migrate");
-    sqlx::query("create table booked (invoice bigint not null, job_id uuid not null)")
-        .execute(&pool)
-        .await
-        .expect("create the business table");
+    book::create_table(&pool).await;
     Setup {
         emulator,
         vercel,
@@ -185,14 +151,7 @@ async fn failures_retry_through_vercel_then_dead_letter_here_and_ack_there() {
     assert_eq!(booked(&s.pool).await, [(7,)], "failed attempts left no row");
 
     // A job that never succeeds spends the policy's five attempts, then is dead-lettered here.
-    let hopeless = worker(
-        &s,
-        Arc::new(s.vercel.clone()),
-        Book {
-            failures: u32::MAX,
-            runs: Arc::new(AtomicU32::new(0)),
-        },
-    );
+    let hopeless = worker(&s, Arc::new(s.vercel.clone()), Book::failing(u32::MAX));
     s.vercel
         .publish(&s.queue, &invoice(8), PublishOptions::default())
         .await
