@@ -27,6 +27,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -93,4 +96,19 @@ pub(crate) fn fresh_secret(prefix: &str) -> String {
         .map(|since| since.as_nanos())
         .unwrap_or_default();
     format!("{prefix}{nanos:x}")
+}
+
+/// `body` as a JSON answer with `status`.
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// The error body Vercel Queues and QStash both answer: `{"error": "…"}`.
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
+    json_response(status, &json!({ "error": message }))
 }

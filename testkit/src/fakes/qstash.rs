@@ -53,7 +53,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
-use super::Server;
+use super::{Server, error, json_response};
 
 /// The token of QStash's local development server (`qstash/howto/local-development.mdx`).
 pub const DEV_TOKEN: &str =
@@ -1051,20 +1051,6 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-fn json_response(status: StatusCode, body: &Value) -> Response {
-    let mut response = (status, body.to_string()).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
-}
-
-/// A QStash error: `{"error": "…"}`.
-fn error(status: StatusCode, message: &str) -> Response {
-    json_response(status, &json!({ "error": message }))
 }
 
 fn not_allowed() -> Response {

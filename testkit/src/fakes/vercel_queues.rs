@@ -53,7 +53,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, he
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{Server, fresh_secret};
+use super::{Server, error, fresh_secret, json_response};
 
 /// The path prefix of every route.
 const PREFIX: &str = "/api/v3/topic/";
@@ -1183,20 +1183,6 @@ fn iso(at: SystemTime) -> String {
 
 fn bad_request(message: String) -> Refusal {
     Refusal(StatusCode::BAD_REQUEST, message)
-}
-
-fn json_response(status: StatusCode, body: &Value) -> Response {
-    let mut response = (status, body.to_string()).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
-}
-
-/// The error body: `{"error": "…"}`.
-fn error(status: StatusCode, message: &str) -> Response {
-    json_response(status, &json!({ "error": message }))
 }
 
 /// One HTTP exchange, for push callbacks and tests: the status, the headers (names
