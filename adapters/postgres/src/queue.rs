@@ -12,9 +12,10 @@ use jobs_core::{
     Clock, ConsumerName, ConsumerPort, Delivery, Depth, Envelope, JobId, Lease, PublishOptions,
     QueueDepth, QueueError, QueueName, QueuePort, Receipt, SystemClock,
 };
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::types::Uuid;
-use sqlx::{Acquire, PgConnection, PgPool, Row};
+use sqlx::{Acquire, PgConnection, PgPool, Postgres, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -127,6 +128,14 @@ impl PgQueue {
         &self.pool
     }
 
+    /// A connection of the pool, for one call on `queue`.
+    async fn connection(&self, queue: &QueueName) -> Result<PoolConnection<Postgres>, QueueError> {
+        self.pool
+            .acquire()
+            .await
+            .map_err(|e| queue_error(queue, "acquire a connection", e))
+    }
+
     /// Whether the database holds the queue's table, so that a composition root can say
     /// "migrate first" once instead of every call failing on a missing relation.
     pub async fn is_migrated(&self) -> Result<bool, sqlx::Error> {
@@ -175,11 +184,7 @@ impl PgQueue {
             Some(key) => key.to_owned(),
             None => JobId::generate().to_string(),
         };
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| queue_error(queue, "acquire a connection", e))?;
+        let mut conn = self.connection(queue).await?;
         self.insert(&mut conn, queue, &key, payload, None, run_at, now)
             .await
     }
@@ -228,11 +233,7 @@ impl PgQueue {
         queue: &QueueName,
         jobs: &[NewJob],
     ) -> Result<Vec<Receipt>, QueueError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| queue_error(queue, "acquire a connection", e))?;
+        let mut conn = self.connection(queue).await?;
         self.publish_batch_in(&mut conn, queue, jobs).await
     }
 
@@ -549,11 +550,7 @@ impl QueuePort for PgQueue {
         envelope: &Envelope,
         opts: PublishOptions,
     ) -> Result<Receipt, QueueError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| queue_error(queue, "acquire a connection", e))?;
+        let mut conn = self.connection(queue).await?;
         self.publish_in(&mut conn, queue, envelope, opts).await
     }
 
@@ -566,11 +563,7 @@ impl QueuePort for PgQueue {
         let payload = envelope.to_json_bytes()?;
         let now = self.clock.now();
         let key = envelope.job_id.to_string();
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| queue_error(queue, "acquire a connection", e))?;
+        let mut conn = self.connection(queue).await?;
         self.insert(
             &mut conn,
             queue,
