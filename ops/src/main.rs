@@ -383,28 +383,14 @@ enum EnvelopeCommand {
 }
 
 /// An error the operator's input caused: exit code 2.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub(crate) struct Usage(pub(crate) String);
 
-impl std::fmt::Display for Usage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Usage {}
-
 /// The operator did not confirm a bulk action: exit code 3.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub(crate) struct NotConfirmed(pub(crate) String);
-
-impl std::fmt::Display for NotConfirmed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for NotConfirmed {}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
