@@ -54,56 +54,30 @@ fn parse_args(args: &[String]) -> Task {
     }
 }
 
-/// The benchmarks, each a subcommand of the `jobs-bench` binary, built in release mode.
+/// `cargo xtask bench NAME`: the `jobs-bench` binary's subcommand NAME, in release mode.
+macro_rules! bench {
+    ($name:literal) => {
+        (
+            $name,
+            Cmd::new(&[
+                "run",
+                "--release",
+                "--quiet",
+                "-p",
+                "jobs-bench",
+                "--",
+                $name,
+            ]),
+        )
+    };
+}
+
+/// The benchmarks, each a subcommand of the `jobs-bench` binary.
 const BENCHES: &[(&str, Cmd)] = &[
-    (
-        "consume",
-        Cmd::new(&[
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "jobs-bench",
-            "--",
-            "consume",
-        ]),
-    ),
-    (
-        "ratelimit",
-        Cmd::new(&[
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "jobs-bench",
-            "--",
-            "ratelimit",
-        ]),
-    ),
-    (
-        "vercel",
-        Cmd::new(&[
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "jobs-bench",
-            "--",
-            "vercel",
-        ]),
-    ),
-    (
-        "pg-queue",
-        Cmd::new(&[
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "jobs-bench",
-            "--",
-            "pg-queue",
-        ]),
-    ),
+    bench!("consume"),
+    bench!("ratelimit"),
+    bench!("vercel"),
+    bench!("pg-queue"),
 ];
 
 fn main() -> ExitCode {
