@@ -32,8 +32,9 @@
 //! flight, further acquisitions of the same limiter queue up and go together, up to
 //! [`MAX_COALESCED`] per call, in one script call that decides them one after another in
 //! arrival order, each all or none exactly as if it had been called alone at that server time
-//! (and charges each bucket with one write). Under concurrency this replaces many round trips
-//! and script runs with one; a single caller sees one call, as before.
+//! (and charges each bucket with one write); at most two such calls are in flight at once.
+//! Under concurrency this replaces many round trips and script runs with a few; a single
+//! caller sees one call, as before.
 //!
 //! The script is sent with `EVALSHA`; on `NOSCRIPT` (a restarted server, `SCRIPT FLUSH`) the
 //! [`redis::Script`] type loads it with `SCRIPT LOAD` and calls `EVALSHA` again.
