@@ -24,7 +24,8 @@ fn main() -> ExitCode {
 
 environment: \
                  DATABASE_URL, JOBS_BENCH_JOBS (default 10000) for consume; REDIS_URL, \
-                 JOBS_BENCH_ACQUISITIONS (default 20000) for ratelimit; JOBS_BENCH_MESSAGES \
+                 JOBS_BENCH_ACQUISITIONS (default 20000) and JOBS_BENCH_CALLERS (default 1,16,64) \
+                 for ratelimit; JOBS_BENCH_MESSAGES \
                  (default 2000) for vercel, on Vercel's emulator from .venv; DATABASE_URL, \
                  JOBS_BENCH_PG_QUEUE_JOBS (default 100000, or the argument) for pg-queue"
             );

@@ -17,6 +17,7 @@ use jobs_adapter_redis::{DEFAULT_TIMEOUT, RedisRateLimiter, SCRIPT};
 use jobs_core::{Acquired, Bucket, BucketKey, RateLimiter, TenantId};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 
+/// The caller counts measured unless `JOBS_BENCH_CALLERS` lists others (`16` or `1,64`).
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
 
 /// Alternating rounds per concurrency; each side reports its best.
@@ -31,6 +32,14 @@ pub(crate) fn run() -> Result<()> {
 
 async fn bench() -> Result<()> {
     let acquisitions: u64 = support::count("JOBS_BENCH_ACQUISITIONS", 20_000)?;
+    let callers = match std::env::var("JOBS_BENCH_CALLERS") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| n.trim().parse().ok().filter(|&n| n > 0))
+            .collect::<Option<Vec<usize>>>()
+            .with_context(|| format!("JOBS_BENCH_CALLERS must list positive counts: {list}"))?,
+        Err(_) => CONCURRENCY.to_vec(),
+    };
     let url = std::env::var("REDIS_URL")
         .ok()
         .filter(|url| !url.is_empty())
@@ -41,7 +50,7 @@ async fn bench() -> Result<()> {
         .get_multiplexed_async_connection()
         .await
         .context("connecting to Redis")?;
-    let result = compare(&client, &prefix, acquisitions).await;
+    let result = compare(&client, &prefix, acquisitions, &callers).await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}:*"))
         .query_async(&mut admin)
@@ -55,7 +64,12 @@ async fn bench() -> Result<()> {
     result
 }
 
-async fn compare(client: &redis::Client, prefix: &str, acquisitions: u64) -> Result<()> {
+async fn compare(
+    client: &redis::Client,
+    prefix: &str,
+    acquisitions: u64,
+    callers: &[usize],
+) -> Result<()> {
     println!(
         "token acquisition on Redis, {acquisitions} per run, provider + tenant bucket; both sides \
          on one multiplexed connection managed as the limiter's (reconnection, {}s timeouts)",
@@ -83,7 +97,7 @@ async fn compare(client: &redis::Client, prefix: &str, acquisitions: u64) -> Res
             format!("{prefix}:provider:raw"),
             format!("{prefix}:tenant:{tenant}:raw"),
         ],
-        args: ["acquire", "1"]
+        args: ["acquire", "\u{1}"]
             .into_iter()
             .chain(["1000000000", "1000000000", "1"].repeat(2))
             .chain(["1", "2", "1", "2"])
@@ -91,7 +105,7 @@ async fn compare(client: &redis::Client, prefix: &str, acquisitions: u64) -> Res
             .collect(),
     };
     let uncoalesced = bucket_args("0");
-    for concurrency in CONCURRENCY {
+    for &concurrency in callers {
         let managed = ConnectionManager::new_with_config(client.clone(), limiter_config()).await?;
         let unmanaged = client.get_multiplexed_async_connection().await?;
         let limiter = Arc::new(RedisRateLimiter::from_client(client.clone(), prefix));

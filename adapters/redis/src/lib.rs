@@ -33,6 +33,9 @@
 //! [`MAX_COALESCED`] per call, in one script call that decides them one after another in
 //! arrival order, each all or none exactly as if it had been called alone at that server time
 //! (and charges each bucket with one write); at most two such calls are in flight at once.
+//! A call names each distinct bucket and each distinct request (cost and buckets) once, and
+//! each acquisition with one byte naming its request, since the script's work per argument is
+//! what a batch pays per acquisition.
 //! Under concurrency this replaces many round trips and script runs with a few; a single
 //! caller sees one call, as before.
 //!
@@ -83,6 +86,9 @@ pub const SCRIPT: &str = include_str!("buckets.lua");
 /// amortise a round trip over many callers, few enough to keep one script run short (Redis,
 /// and Upstash's global lock, serve nothing else meanwhile).
 pub const MAX_COALESCED: usize = 128;
+
+// The script names each acquisition's request with one byte.
+const _: () = assert!(MAX_COALESCED < 256);
 
 /// The most script calls of one limiter in flight at once: acquisitions gather while they run
 /// and go together in the next (group commit). Two keep the connection busy while one answer
@@ -249,9 +255,11 @@ impl Inner {
 
     /// Decides `batch` in one script call, in order; one answer per acquisition.
     async fn acquire_batch(&self, batch: &[&Request]) -> Result<Vec<Acquired>, RateLimitError> {
-        // Every distinct bucket once, as a key of the call; acquisitions refer to it by index.
+        // Every distinct bucket once, as a key of the call, and every distinct request (cost
+        // and buckets) once; each acquisition is one byte naming its request.
         let mut keys: Vec<(&str, Bucket)> = Vec::new();
-        let mut refs: Vec<Vec<usize>> = Vec::with_capacity(batch.len());
+        let mut requests: Vec<(u32, Vec<usize>)> = Vec::new();
+        let mut order: Vec<u8> = Vec::with_capacity(batch.len());
         for request in batch {
             let mut mine = Vec::with_capacity(request.buckets.len());
             for (key, bucket) in &request.buckets {
@@ -264,10 +272,20 @@ impl Inner {
                 };
                 mine.push(index + 1);
             }
-            refs.push(mine);
+            let same =
+                |(cost, buckets): &(u32, Vec<usize>)| *cost == request.cost && *buckets == mine;
+            let number = match requests.iter().position(same) {
+                Some(number) => number,
+                None => {
+                    requests.push((request.cost, mine));
+                    requests.len() - 1
+                }
+            };
+            // At most MAX_COALESCED (< 256) requests in a batch.
+            order.push(u8::try_from(number + 1).map_err(|_| malformed(&[]))?);
         }
         let mut invocation = self.script.prepare_invoke();
-        invocation.arg("acquire").arg(batch.len());
+        invocation.arg("acquire").arg(order);
         for (key, bucket) in &keys {
             invocation
                 .key(*key)
@@ -275,27 +293,25 @@ impl Inner {
                 .arg(bucket.refill)
                 .arg(millis(bucket.interval).to_string());
         }
-        for (request, mine) in batch.iter().zip(&refs) {
-            invocation.arg(request.cost).arg(mine.len());
-            for index in mine {
+        for (cost, buckets) in &requests {
+            invocation.arg(*cost).arg(buckets.len());
+            for index in buckets {
                 invocation.arg(*index);
             }
         }
         let reply = self.invoke(&invocation).await?;
-        if reply.len() != 2 * batch.len() {
+        if reply.len() != batch.len() {
             return Err(malformed(&reply));
         }
         reply
-            .chunks_exact(2)
-            .map(|pair| {
-                let at = u64::try_from(pair[1]).map_err(|_| malformed(&reply))?;
-                Ok(if pair[0] == 1 {
-                    Acquired::Granted
-                } else {
-                    Acquired::Denied {
+            .iter()
+            .map(|&at| match at {
+                0 => Ok(Acquired::Granted),
+                at => u64::try_from(at)
+                    .map(|at| Acquired::Denied {
                         retry_at: UNIX_EPOCH + Duration::from_millis(at),
-                    }
-                })
+                    })
+                    .map_err(|_| malformed(&reply)),
             })
             .collect()
     }

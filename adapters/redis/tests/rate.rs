@@ -321,6 +321,71 @@ async fn coalesced_acquisitions_are_each_all_or_none() {
     .await;
 }
 
+/// A coalesced call carries acquisitions of different costs and bucket sets (the script names
+/// each distinct one once): every one is still charged its own cost from its own buckets, and a
+/// bucket ends holding exactly what it had minus what its granted acquisitions cost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_acquisitions_of_different_costs_charge_their_own() {
+    with_prefix("mixed", |prefix| async move {
+        const CALLS: usize = 120;
+        let hour = 3_600_000;
+        let provider = (BucketKey::provider("resend"), bucket(100, 1, hour));
+        let tenants: Vec<_> = (0..3)
+            .map(|n| {
+                let key = BucketKey::tenant(fixtures::tenant(n), "resend");
+                (key, bucket(20 + 10 * n as u32, 1, hour))
+            })
+            .collect();
+        let limiter = Arc::new(limiter(&prefix));
+        let calls: Vec<_> = (0..CALLS)
+            .map(|n| {
+                let tenant = tenants[n % 3].clone();
+                // Costs 1, 2 and 3, and the tenant's bucket alone, before or after the
+                // provider's: six distinct requests.
+                let cost = 1 + (n / 3 % 3) as u32;
+                let buckets = match n % 4 {
+                    0 => vec![tenant],
+                    1 => vec![tenant, provider.clone()],
+                    _ => vec![provider.clone(), tenant],
+                };
+                let limiter = limiter.clone();
+                tokio::spawn(async move {
+                    let got = limiter.acquire(&buckets, cost).await.unwrap();
+                    (n, cost, buckets.len() == 2, got)
+                })
+            })
+            .collect();
+        let mut spent_provider = 0;
+        let mut spent_tenant = [0u32; 3];
+        for call in calls {
+            let (n, cost, with_provider, got) = call.await.unwrap();
+            if got == Acquired::Granted {
+                spent_tenant[n % 3] += cost;
+                spent_provider += if with_provider { cost } else { 0 };
+            }
+        }
+        assert!(spent_provider <= 100);
+        // What is left in each bucket is what the granted acquisitions did not take: drain it
+        // one token at a time.
+        let left = |bucket: (BucketKey, Bucket)| {
+            let limiter = limiter.clone();
+            async move {
+                let mut left = 0;
+                while limiter.acquire(&[bucket.clone()], 1).await.unwrap() == Acquired::Granted {
+                    left += 1;
+                }
+                left
+            }
+        };
+        assert_eq!(left(provider).await, 100 - spent_provider);
+        for (n, tenant) in tenants.into_iter().enumerate() {
+            let capacity = tenant.1.capacity;
+            assert_eq!(left(tenant).await, capacity - spent_tenant[n], "tenant {n}");
+        }
+    })
+    .await;
+}
+
 /// Callers that give up mid-call (their future dropped, as a worker shutting down does) leave
 /// the limiter working: the acquisitions queued behind them are still served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
