@@ -93,7 +93,7 @@ const _: () = assert!(MAX_COALESCED < 256);
 /// The most script calls of one limiter in flight at once: acquisitions gather while they run
 /// and go together in the next (group commit). Two keep the connection busy while one answer
 /// travels back: on an idle 2-core machine they gave 0.61 / 0.78 of raw `EVALSHA` at 16 / 64
-/// callers against 0.52 / 0.54 with one, and four no more than two (ADR 0007).
+/// callers against 0.52 / 0.54 with one; three or four no more than two (ADR 0007).
 const MAX_IN_FLIGHT: usize = 2;
 
 /// The most milliseconds a time in the script may reach: Lua numbers are doubles, exact up to
