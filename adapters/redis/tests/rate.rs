@@ -333,7 +333,7 @@ async fn coalesced_acquisitions_of_different_costs_charge_their_own() {
         let tenants: Vec<_> = (0..3)
             .map(|n| {
                 let key = BucketKey::tenant(fixtures::tenant(n), "resend");
-                (key, bucket(20 + 10 * n as u32, 1, hour))
+                (key, bucket(20 + 10 * n, 1, hour))
             })
             .collect();
         let limiter = Arc::new(limiter(&prefix));
@@ -371,7 +371,12 @@ async fn coalesced_acquisitions_of_different_costs_charge_their_own() {
             let limiter = limiter.clone();
             async move {
                 let mut left = 0;
-                while limiter.acquire(&[bucket.clone()], 1).await.unwrap() == Acquired::Granted {
+                while limiter
+                    .acquire(std::slice::from_ref(&bucket), 1)
+                    .await
+                    .unwrap()
+                    == Acquired::Granted
+                {
                     left += 1;
                 }
                 left
