@@ -111,13 +111,14 @@ end
 if argv[1] == 'drain' then
   -- The next refill comes one interval after refilled_at: put it at `until`, unless a longer
   -- hold is already in place.
-  local hold = argv[2] - argv[5]
+  local interval = argv[5] + 0
+  local hold = argv[2] - interval
   if hold > refilled_at[1] then
     refilled_at[1] = hold
   end
   tokens[1] = 0
   store(1)
-  return {0, refilled_at[1] + argv[5]}
+  return {0, refilled_at[1] + interval}
 end
 
 return redis.error_reply('unknown mode ' .. tostring(argv[1]))

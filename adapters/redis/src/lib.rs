@@ -281,8 +281,9 @@ impl Inner {
                     requests.len() - 1
                 }
             };
-            // At most MAX_COALESCED (< 256) requests in a batch.
-            order.push(u8::try_from(number + 1).map_err(|_| malformed(&[]))?);
+            let number = u8::try_from(number + 1)
+                .expect("a batch holds at most MAX_COALESCED (< 256) acquisitions");
+            order.push(number);
         }
         let mut invocation = self.script.prepare_invoke();
         invocation.arg("acquire").arg(order);

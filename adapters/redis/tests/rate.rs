@@ -254,6 +254,21 @@ async fn a_noisy_tenant_cannot_starve_another() {
     .await;
 }
 
+/// The tokens `bucket` holds now, taken one at a time until it denies (a bucket that does not
+/// refill within the test).
+async fn tokens_left(limiter: &RedisRateLimiter, bucket: &(BucketKey, Bucket)) -> usize {
+    let mut left = 0;
+    while limiter
+        .acquire(std::slice::from_ref(bucket), 1)
+        .await
+        .unwrap()
+        == Acquired::Granted
+    {
+        left += 1;
+    }
+    left
+}
+
 /// Many callers of one limiter, whose acquisitions coalesce into shared script calls: each is
 /// still decided all or none, so the provider hands out exactly its tokens, the small tenant no
 /// more than its own, and a denied acquisition burns nothing.
@@ -303,16 +318,7 @@ async fn coalesced_acquisitions_are_each_all_or_none() {
             "the small tenant got {small_granted} of its 5"
         );
         // What the small tenant did not get is still in its bucket: denials burned nothing.
-        let mut left = 0;
-        while limiter
-            .acquire(std::slice::from_ref(&small), 1)
-            .await
-            .unwrap()
-            == Acquired::Granted
-        {
-            left += 1;
-        }
-        assert_eq!(left, 5 - small_granted);
+        assert_eq!(tokens_left(&limiter, &small).await, 5 - small_granted);
         assert!(matches!(
             limiter.acquire(&[provider], 1).await.unwrap(),
             Acquired::Denied { .. }
@@ -365,27 +371,17 @@ async fn coalesced_acquisitions_of_different_costs_charge_their_own() {
             }
         }
         assert!(spent_provider <= 100);
-        // What is left in each bucket is what the granted acquisitions did not take: drain it
-        // one token at a time.
-        let left = |bucket: (BucketKey, Bucket)| {
-            let limiter = limiter.clone();
-            async move {
-                let mut left = 0;
-                while limiter
-                    .acquire(std::slice::from_ref(&bucket), 1)
-                    .await
-                    .unwrap()
-                    == Acquired::Granted
-                {
-                    left += 1;
-                }
-                left
-            }
-        };
-        assert_eq!(left(provider).await, 100 - spent_provider);
-        for (n, tenant) in tenants.into_iter().enumerate() {
-            let capacity = tenant.1.capacity;
-            assert_eq!(left(tenant).await, capacity - spent_tenant[n], "tenant {n}");
+        // What is left in each bucket is what the granted acquisitions did not take.
+        assert_eq!(
+            tokens_left(&limiter, &provider).await,
+            (100 - spent_provider) as usize
+        );
+        for (n, tenant) in tenants.iter().enumerate() {
+            assert_eq!(
+                tokens_left(&limiter, tenant).await,
+                (tenant.1.capacity - spent_tenant[n]) as usize,
+                "tenant {n}"
+            );
         }
     })
     .await;
