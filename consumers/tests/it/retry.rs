@@ -95,3 +95,38 @@ proptest! {
         }
     }
 }
+
+/// The jitter is real: draws spread over the whole `[d/2, d]` window rather than sitting at one
+/// end of it (a constant, or a broken draw clamped to 0 or 1, passes the bounds alone).
+#[test]
+fn retries_of_a_burst_spread_over_the_whole_jitter_window() {
+    let policy = RetryPolicy::default();
+    let (half, ceiling) = (15_000.0, 30_000.0);
+    let delays: Vec<f64> = (0..2_000)
+        .map(|_| match policy.after_failure(1) {
+            Backoff::RetryIn(delay) => delay.as_secs_f64() * 1000.0,
+            Backoff::Exhausted => unreachable!("attempt 1 of 5"),
+        })
+        .collect();
+    assert!(delays.iter().all(|d| (half..=ceiling).contains(d)));
+    let min = delays.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = delays.iter().copied().fold(0.0, f64::max);
+    let mean = delays.iter().sum::<f64>() / delays.len() as f64;
+    // For 2,000 uniform draws each of these fails with a probability below 1e-40.
+    assert!(
+        min < half + 0.1 * half,
+        "lowest delay {min} ms: no draw near d/2"
+    );
+    assert!(
+        max > ceiling - 0.1 * half,
+        "highest delay {max} ms: no draw near d"
+    );
+    assert!(
+        (21_500.0..23_500.0).contains(&mean),
+        "mean delay {mean} ms, expected about 22,500"
+    );
+    let mut distinct = delays;
+    distinct.sort_by(f64::total_cmp);
+    distinct.dedup();
+    assert!(distinct.len() > 1_900, "{} distinct delays", distinct.len());
+}

@@ -244,6 +244,18 @@ async fn poison_goes_straight_to_dead_letters_with_the_raw_bytes_and_the_field_n
             letter.letter.last_error
         );
     }
+    // What a broken payload still holds is kept: the ids of the envelope whose tenant is bad.
+    let salvaged = letters
+        .iter()
+        .find(|l| l.letter.last_error.contains("`tenant_id`"))
+        .expect("present");
+    assert_eq!(salvaged.letter.job_id, Some(good.job_id));
+    assert_eq!(salvaged.letter.correlation_id, Some(good.correlation_id));
+    assert_eq!(salvaged.letter.kind, Some(good.kind.clone()));
+    assert_eq!(
+        salvaged.letter.tenant_id, None,
+        "the bad tenant is not kept"
+    );
     let unreadable = letters
         .iter()
         .find(|l| l.letter.payload[0] == 0xff)
@@ -667,4 +679,131 @@ async fn without_wake_ups_only_the_poll_finds_the_job() {
         effect_of_a_publish_to_an_idle_worker(&h, silent, Duration::from_secs(7200)).await,
         "the hourly poll found the job"
     );
+}
+
+/// A worker of the harness's queue and kind with `policy` as its queue's override.
+fn worker_with_policy(
+    h: &Harness,
+    script: crate::harness::Script,
+    policy: jobs_consumers::QueuePolicy,
+) -> Result<jobs_consumers::Worker<MemoryStore>, jobs_consumers::WorkerError> {
+    jobs_consumers::Worker::builder(
+        ConsumerName::try_from("test.consumer").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.transport.clone()),
+        Arc::new(h.store.clone()),
+        Arc::new(h.store.clone()),
+    )
+    .handler(
+        KIND.parse().expect("valid"),
+        crate::harness::Scripted {
+            script,
+            calls: h.calls.clone(),
+        },
+    )
+    .policy(policy)
+    .clock(Arc::new(h.clock.clone()))
+    .build()
+}
+
+#[tokio::test]
+async fn a_per_queue_override_replaces_the_standard_policy() {
+    let h = Harness::new();
+    let fast = jobs_consumers::RetryPolicy::new(2, Duration::from_secs(1), Duration::from_secs(4))
+        .expect("valid");
+    let policy = jobs_consumers::QueuePolicy::new(h.name.clone(), fast, "the PSP retries itself")
+        .expect("has a rationale");
+    let worker = worker_with_policy(&h, always_retry, policy).expect("the worker's own queue");
+    h.publish(1).await;
+    let start = jobs_core::Clock::now(&h.clock);
+    let [Outcome::Retrying { at }] = h.drain(&worker).await[..] else {
+        panic!("the first failure is retried");
+    };
+    let delay = at.duration_since(start).expect("in the future");
+    assert!(
+        delay >= Duration::from_millis(500) && delay <= Duration::from_secs(1),
+        "{delay:?}: the override's base is 1 s, the standard's 30 s"
+    );
+    h.clock.advance(delay);
+    assert!(
+        matches!(
+            h.drain(&worker).await[..],
+            [Outcome::DeadLettered {
+                reason: DeadReason::Exhausted,
+                ..
+            }]
+        ),
+        "the override allows two attempts, the standard five"
+    );
+    assert_eq!(h.calls(1), 2);
+}
+
+#[tokio::test]
+async fn an_override_for_another_queue_is_refused_at_build() {
+    let h = Harness::new();
+    let other: jobs_core::QueueName = "test.other".parse().expect("valid");
+    let policy =
+        jobs_consumers::QueuePolicy::new(other.clone(), Default::default(), "for another queue")
+            .expect("has a rationale");
+    match worker_with_policy(&h, ok, policy) {
+        Err(jobs_consumers::WorkerError::PolicyForOtherQueue { queue, policy }) => {
+            assert_eq!((queue, policy), (h.name.clone(), other));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A store that cannot open a transaction.
+struct DownStore;
+
+#[async_trait::async_trait]
+impl jobs_core::WorkStore for DownStore {
+    type Tx = jobs_adapter_memory::MemoryWorkTx;
+
+    async fn begin(&self) -> Result<Self::Tx, jobs_core::StoreError> {
+        Err(jobs_core::StoreError::unavailable("the database restarts"))
+    }
+}
+
+#[tokio::test]
+async fn a_store_outage_defers_the_job_into_the_future_without_spending_an_attempt() {
+    let h = Harness::new();
+    let worker = jobs_consumers::Worker::builder(
+        ConsumerName::try_from("test.consumer").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.transport.clone()),
+        Arc::new(DownStore),
+        Arc::new(h.store.clone()),
+    )
+    .handler(
+        KIND.parse().expect("valid"),
+        crate::harness::Scripted {
+            script: ok,
+            calls: h.calls.clone(),
+        },
+    )
+    .clock(Arc::new(h.clock.clone()))
+    .build()
+    .expect("valid");
+    h.publish(1).await;
+    let now = jobs_core::Clock::now(&h.clock);
+    let [Outcome::Deferred { until }] = worker.run_once().await.expect("receive")[..] else {
+        panic!("a store outage defers");
+    };
+    assert_eq!(
+        until,
+        now + Duration::from_secs(30),
+        "the policy's first ceiling"
+    );
+    assert!(
+        worker.run_once().await.expect("receive").is_empty(),
+        "hidden until then"
+    );
+    h.clock.advance(Duration::from_secs(30));
+    let again = jobs_core::ConsumerPort::receive(&h.queue, &h.name, 1, Duration::from_secs(60))
+        .await
+        .expect("receive");
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].attempt, 1, "the outage spent no attempt");
+    assert_eq!(h.calls(1), 0);
 }
