@@ -70,6 +70,14 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
             "{concurrency:>11}  {baseline:>16.0}  {runtime:>16.0}  {:>6.2}",
             runtime / baseline
         );
+        support::rate_row(
+            "consume",
+            "insert",
+            "runtime",
+            concurrency,
+            runtime,
+            baseline,
+        );
         pool.close().await;
     }
     Ok(())

@@ -1,123 +1,579 @@
-//! The PostgreSQL queue (ADR 0011): publishing no-op jobs in batches and draining them with
-//! idempotent consumption (`PgQueue::consume_batch`: the batch's claims in
-//! `core.processed_jobs`, the no-op handler and the acks in one transaction) at concurrency
-//! 1, 4, 16, next to raw SQL of the same work measured in the same run.
+//! The PostgreSQL queue (ADR 0011), as users run it, next to raw SQL doing the same work in
+//! the same run:
 //!
-//! The raw SQL works on `raw_jobs`, a copy of `core.jobs`' definition (columns, collations,
-//! defaults, identity, the unique dedup key, the fetch index, the storage parameters) without
-//! its wake-up trigger: the same rows inserted with one multi-row `INSERT ... ON CONFLICT DO
-//! NOTHING` per batch of the same size (no receipts returned), and a `FOR UPDATE SKIP LOCKED`
-//! fetch-and-delete plus the batch's `processed_jobs` insert in one transaction per fetch batch.
-//! What the queue pays on top is its own: receipts, wake-ups, decoding and validating each
-//! envelope.
+//! - **enqueue**: `PgQueue::publish_batch` (one multi-row insert per batch of 1,000) against
+//!   the same rows inserted into `raw_jobs`, a copy of `core.jobs`' definition (columns,
+//!   collations, identity, the unique dedup key, the fetch index, the storage parameters)
+//!   without its wake-up trigger, with the same `ON CONFLICT DO NOTHING` and no receipts;
+//! - **drain**: `Worker::run` with an ordinary `Handler<PgWorkTx>`, grouped over `PgQueue` and
+//!   `PgStore` on one pool, with a metrics recorder and an info-level tracing subscriber
+//!   installed, in three shapes: `insert` (the handler inserts one row per job), `noop` (it
+//!   writes nothing: the framework's own cost) and `insert-1%-fail` (1% of the jobs fail once
+//!   and are retried), and the two `insert` shapes again with a handler declared
+//!   `RERUNNABLE`. The raw side leases a batch with the queue's own lease statement, then
+//!   in one transaction claims the batch in `core.processed_jobs`, runs one prepared
+//!   single-row insert per job (`insert` shapes), deletes the batch and commits, on as many
+//!   connections as the runtime runs groups; once with batches of the runtime's group size
+//!   (the ratio's baseline) and once with batches of 100;
+//! - **latency**: about 200 jobs/s trickled into an idle grouped worker, from publish to the
+//!   handler's start and to the commit (a `NOTIFY` the handler sends arrives at the commit).
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
-use jobs_adapter_postgres::{BatchError, BatchHandler, NewJob, PgQueue, PgStore};
+use jobs_adapter_postgres::{LEASE_STATEMENT, NewJob, PgQueue, PgStore, PgWorkTx};
+use jobs_consumers::{Handler, Job, JobError, QueuePolicy, RetryPolicy, Worker, WorkerConfig};
 use jobs_core::{ConsumerName, Envelope, PublishOptions, QueueName};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use serde::Deserialize;
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::types::Uuid;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgPool, Row};
 
 const CONCURRENCY: [usize; 3] = [1, 4, 16];
 
 /// Alternating rounds per concurrency; each side reports its best.
 const ROUNDS: usize = 3;
 
-/// Jobs per fetch, on both sides.
-const BATCH: usize = 100;
+/// The raw side's second batch size.
+const RAW_BATCH: usize = 100;
 
 /// Jobs per multi-row insert when publishing.
 const PUBLISH_BATCH: usize = 1_000;
 
 const QUEUE: &str = "bench.pg_queue";
 const CONSUMER: &str = "bench.consumer";
+const KIND: &str = "bench.job";
+
+/// What the handler does per job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// Inserts one row.
+    Insert,
+    /// Writes nothing.
+    Noop,
+    /// Inserts one row; one job in a hundred fails once after its insert.
+    InsertFailing,
+    /// Inserts one row, and says so ([`Handler::RERUNNABLE`]): no checkpoint per job.
+    InsertRerunnable,
+    /// [`Shape::InsertFailing`] with a rerunnable handler: a failure reruns its group.
+    InsertFailingRerunnable,
+}
+
+impl Shape {
+    const ALL: [Shape; 5] = [
+        Shape::Insert,
+        Shape::Noop,
+        Shape::InsertFailing,
+        Shape::InsertRerunnable,
+        Shape::InsertFailingRerunnable,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Insert => "insert",
+            Shape::Noop => "noop",
+            Shape::InsertFailing => "insert-1%-fail",
+            Shape::InsertRerunnable => "insert-rerunnable",
+            Shape::InsertFailingRerunnable => "insert-1%-fail-rerunnable",
+        }
+    }
+
+    fn fails(self) -> bool {
+        matches!(self, Shape::InsertFailing | Shape::InsertFailingRerunnable)
+    }
+
+    fn rerunnable(self) -> bool {
+        matches!(
+            self,
+            Shape::InsertRerunnable | Shape::InsertFailingRerunnable
+        )
+    }
+
+    fn inserts(self) -> bool {
+        self != Shape::Noop
+    }
+}
 
 pub(crate) fn run(jobs: Option<&str>) -> Result<()> {
     let jobs: u64 = match jobs {
         Some(n) => n.parse().context("the job count must be a number")?,
         None => support::count("JOBS_BENCH_PG_QUEUE_JOBS", 100_000)?,
     };
+    support::install_observability()?;
     support::block_on(support::with_database(
         "jobs_bench_pgq",
         |options| async move { compare(&options, jobs).await },
     ))
 }
 
+/// Whether `JOBS_BENCH_SHAPES` (comma-separated: `enqueue`, the drain shapes, `latency`)
+/// selects `shape`; unset, every shape runs.
+fn selected(shape: &str) -> bool {
+    std::env::var("JOBS_BENCH_SHAPES")
+        .map_or(true, |shapes| shapes.split(',').any(|s| s.trim() == shape))
+}
+
+/// `JOBS_BENCH_CONCURRENCY` (comma-separated), else 1, 4 and 16.
+fn concurrencies() -> Result<Vec<usize>> {
+    match std::env::var("JOBS_BENCH_CONCURRENCY") {
+        Ok(list) => list
+            .split(',')
+            .map(|c| {
+                c.trim()
+                    .parse()
+                    .context("JOBS_BENCH_CONCURRENCY lists numbers")
+            })
+            .collect(),
+        Err(_) => Ok(CONCURRENCY.to_vec()),
+    }
+}
+
 async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
+    let group = WorkerConfig::default().group_size;
+    let concurrencies = concurrencies()?;
     println!(
-        "PostgreSQL queue, {jobs} no-op jobs per run, publish batches of {PUBLISH_BATCH}, \
-         fetch batches of {BATCH}, idempotent consumption (processed_jobs claim per job)"
-    );
-    println!(
-        "{:>11}  {:>14}  {:>14}  {:>6}  {:>14}  {:>14}  {:>6}",
-        "concurrency",
-        "raw enqueue/s",
-        "queue enqueue/s",
-        "ratio",
-        "raw drain/s",
-        "queue drain/s",
-        "ratio"
+        "PostgreSQL queue, {jobs} jobs per run, best of {ROUNDS} alternating rounds; \
+         publish batches of {PUBLISH_BATCH}; the runtime: Worker::run grouped, groups of {group}"
     );
     let envelopes = envelopes(jobs)?;
-    for concurrency in CONCURRENCY {
-        let pool = PgPoolOptions::new()
-            .max_connections(u32::try_from(concurrency)? + 1)
-            .connect_with(options.clone())
-            .await?;
-        PgStore::from_pool(pool.clone()).migrate().await?;
-        raw_table(&pool).await?;
+    if selected("enqueue") {
+        println!(
+            "{:>11}  {:>14}  {:>15}  {:>6}",
+            "concurrency", "raw enqueue/s", "queue enqueue/s", "ratio"
+        );
+    }
+    for &concurrency in concurrencies.iter().filter(|_| selected("enqueue")) {
+        let pool = pool(options, concurrency).await?;
         let queue = PgQueue::new(pool.clone());
-        // Warm the caches and the pool's connections before anything is timed, then alternate
-        // the two sides, keeping each one's best round: the machine is shared and noisy, and a
-        // checkpoint landing in one run should not decide the ratio.
         let warm = &envelopes[..envelopes.len().min(2_000)];
         raw_enqueue(&pool, warm, concurrency).await?;
-        raw_drain(&pool, concurrency, warm.len() as u64).await?;
         queue_enqueue(&queue, warm, concurrency).await?;
-        queue_drain(&queue, concurrency, warm.len() as u64).await?;
-        let (mut raw_in, mut raw_out, mut queue_in, mut queue_out) = (0f64, 0f64, 0f64, 0f64);
+        let (mut raw, mut ours) = (0f64, 0f64);
         for _ in 0..ROUNDS {
             reset(&pool).await?;
-            raw_in = raw_in.max(raw_enqueue(&pool, &envelopes, concurrency).await?);
-            raw_out = raw_out.max(raw_drain(&pool, concurrency, jobs).await?);
-            let (processed,): (i64,) = sqlx::query_as("select count(*) from core.processed_jobs")
-                .fetch_one(&pool)
-                .await?;
-            anyhow::ensure!(
-                processed == i64::try_from(jobs)?,
-                "the baseline claimed {processed}"
-            );
+            raw = raw.max(raw_enqueue(&pool, &envelopes, concurrency).await?);
             reset(&pool).await?;
-            queue_in = queue_in.max(queue_enqueue(&queue, &envelopes, concurrency).await?);
-            queue_out = queue_out.max(queue_drain(&queue, concurrency, jobs).await?);
-            let (processed, left): (i64, i64) = sqlx::query_as(
-                "select (select count(*) from core.processed_jobs), \
-                        (select count(*) from core.jobs)",
-            )
-            .fetch_one(&pool)
-            .await?;
-            anyhow::ensure!(
-                processed == i64::try_from(jobs)? && left == 0,
-                "the queue claimed {processed} jobs and left {left}"
-            );
+            ours = ours.max(queue_enqueue(&queue, &envelopes, concurrency).await?);
         }
         reset(&pool).await?;
         println!(
-            "{concurrency:>11}  {raw_in:>14.0}  {queue_in:>14.0}  {:>6.2}  {raw_out:>14.0}  \
-             {queue_out:>14.0}  {:>6.2}",
-            queue_in / raw_in,
-            queue_out / raw_out
+            "{concurrency:>11}  {raw:>14.0}  {ours:>15.0}  {:>6.2}",
+            ours / raw
         );
+        support::rate_row("pg-queue", "enqueue", "queue", concurrency, ours, raw);
+        pool.close().await;
+    }
+
+    println!(
+        "\n{:>15}  {:>11}  {:>12}  {:>12}  {:>10}  {:>6}  {:>6}",
+        "drain shape",
+        "concurrency",
+        format!("raw {group}/tx /s"),
+        format!("raw {RAW_BATCH}/tx /s"),
+        "runtime/s",
+        "ratio",
+        format!("vs {RAW_BATCH}")
+    );
+    for shape in Shape::ALL.into_iter().filter(|s| selected(s.name())) {
+        for &concurrency in &concurrencies {
+            let pool = pool(options, concurrency).await?;
+            let store = PgStore::from_pool(pool.clone());
+            let queue = PgQueue::new(pool.clone());
+            let warm = &envelopes[..envelopes.len().min(2_000)];
+            let warm_jobs = warm.len() as u64;
+            raw_publish(&pool, warm).await?;
+            raw_drain(&pool, shape, concurrency, group, warm_jobs).await?;
+            // The raw side claimed these jobs: start again.
+            reset(&pool).await?;
+            queue_enqueue(&queue, warm, 1).await?;
+            runtime_drain(&store, &queue, shape, concurrency, warm_jobs).await?;
+            let (mut raw_group, mut raw_100, mut ours) = (0f64, 0f64, 0f64);
+            for _ in 0..ROUNDS {
+                reset(&pool).await?;
+                raw_publish(&pool, &envelopes).await?;
+                raw_group = raw_group.max(raw_drain(&pool, shape, concurrency, group, jobs).await?);
+                reset(&pool).await?;
+                raw_publish(&pool, &envelopes).await?;
+                raw_100 = raw_100.max(raw_drain(&pool, shape, concurrency, RAW_BATCH, jobs).await?);
+                reset(&pool).await?;
+                queue_enqueue(&queue, &envelopes, 4).await?;
+                ours = ours.max(runtime_drain(&store, &queue, shape, concurrency, jobs).await?);
+                check_drained(&pool, shape, jobs).await?;
+            }
+            reset(&pool).await?;
+            println!(
+                "{:>15}  {concurrency:>11}  {raw_group:>12.0}  {raw_100:>12.0}  {ours:>10.0}  \
+                 {:>6.2}  {:>6.2}",
+                shape.name(),
+                ours / raw_group,
+                ours / raw_100
+            );
+            support::json_row(json!({
+                "bench": "pg-queue", "shape": shape.name(), "side": "runtime",
+                "concurrency": concurrency, "group_size": group, "jobs_per_s": ours.round(),
+                "baseline_jobs_per_s": raw_group.round(), "ratio": support::ratio(ours, raw_group),
+                "baseline_100_jobs_per_s": raw_100.round(), "ratio_100": support::ratio(ours, raw_100),
+            }));
+            pool.close().await;
+        }
+    }
+
+    if selected("latency") {
+        let pool = pool(options, 1).await?;
+        latency(&pool, 200, 1_000).await?;
         pool.close().await;
     }
     Ok(())
+}
+
+/// A pool sized as a worker of `concurrency` needs it ([`WorkerConfig::connections`]), the
+/// schema migrated and the raw table and the effects table created.
+async fn pool(options: &PgConnectOptions, concurrency: usize) -> Result<PgPool> {
+    let mut config = WorkerConfig::default();
+    config.concurrency = concurrency;
+    let pool = PgPoolOptions::new()
+        .max_connections(config.connections())
+        .connect_with(options.clone())
+        .await?;
+    PgStore::from_pool(pool.clone()).migrate().await?;
+    raw_table(&pool).await?;
+    sqlx::query("create table if not exists effects (n bigint not null)")
+        .execute(&pool)
+        .await?;
+    Ok(pool)
+}
+
+/// The data of a job.
+#[derive(Deserialize)]
+struct Numbered {
+    n: u64,
+}
+
+/// The handler of the drain: an ordinary `Handler<PgWorkTx>`, declared rerunnable when `R`.
+struct Work<const R: bool> {
+    shape: Shape,
+    done: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl<const R: bool> Handler<PgWorkTx> for Work<R> {
+    type Data = Numbered;
+    const RERUNNABLE: bool = R;
+
+    async fn handle(&self, job: Job<Numbered>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        let n = job.envelope.data.n;
+        if self.shape.inserts() {
+            sqlx::query("insert into effects (n) values ($1)")
+                .bind(i64::try_from(n).map_err(JobError::permanent)?)
+                .execute(tx.conn())
+                .await
+                .map_err(JobError::retry)?;
+        }
+        if self.shape.fails() && n % 100 == 7 && job.attempt == 1 {
+            return Err(JobError::retry("fails once"));
+        }
+        self.done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A grouped worker of `concurrency` over `queue` and `store`, running `handler`.
+fn worker<H: Handler<PgWorkTx>>(
+    store: &PgStore,
+    queue: &PgQueue,
+    concurrency: usize,
+    handler: H,
+) -> Result<Arc<Worker<PgStore>>> {
+    let mut config = WorkerConfig::default();
+    config.concurrency = concurrency;
+    let name: QueueName = QUEUE.parse()?;
+    let fast = RetryPolicy::new(5, Duration::from_millis(1), Duration::from_millis(10))?;
+    let policy = QueuePolicy::new(name.clone(), fast, "a benchmark: retries at once")?;
+    let queue = Arc::new(queue.clone());
+    Ok(Arc::new(
+        Worker::builder(
+            ConsumerName::from_str(CONSUMER)?,
+            name,
+            queue.clone(),
+            Arc::new(store.clone()),
+            Arc::new(store.clone()),
+        )
+        .grouped(queue)
+        .handler(KIND.parse()?, handler)
+        .policy(policy)
+        .config(config)
+        .build()?,
+    ))
+}
+
+/// The runtime's drain of `jobs` published jobs: from the worker's start until it stopped
+/// after the last job's group committed.
+async fn runtime_drain(
+    store: &PgStore,
+    queue: &PgQueue,
+    shape: Shape,
+    concurrency: usize,
+    jobs: u64,
+) -> Result<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let worker = if shape.rerunnable() {
+        let handler = Work::<true> {
+            shape,
+            done: done.clone(),
+        };
+        worker(store, queue, concurrency, handler)?
+    } else {
+        let handler = Work::<false> {
+            shape,
+            done: done.clone(),
+        };
+        worker(store, queue, concurrency, handler)?
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let started = Instant::now();
+    let running = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    let mut last = (0, Instant::now());
+    while done.load(Ordering::Relaxed) < jobs {
+        tokio::time::sleep(Duration::from_micros(500)).await;
+        let now = done.load(Ordering::Relaxed);
+        if now > last.0 {
+            last = (now, Instant::now());
+        }
+        anyhow::ensure!(
+            last.1.elapsed() < Duration::from_secs(30),
+            "the runtime stalled after {now} of {jobs} jobs ({})",
+            shape.name()
+        );
+    }
+    let _ = stop.send(());
+    running.await?;
+    Ok(jobs as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Every job's effect once (for the shapes that write one), and nothing left queued.
+async fn check_drained(pool: &PgPool, shape: Shape, jobs: u64) -> Result<()> {
+    let (effects, distinct, left, processed): (i64, i64, i64, i64) = sqlx::query_as(
+        "select (select count(*) from effects), (select count(distinct n) from effects), \
+                (select count(*) from core.jobs), (select count(*) from core.processed_jobs)",
+    )
+    .fetch_one(pool)
+    .await?;
+    let jobs = i64::try_from(jobs)?;
+    let expected = if shape.inserts() { jobs } else { 0 };
+    anyhow::ensure!(
+        effects == expected && distinct == expected && left == 0 && processed == jobs,
+        "{}: {effects} effects ({distinct} distinct), {left} jobs left, {processed} claims",
+        shape.name()
+    );
+    Ok(())
+}
+
+/// The raw side's publish: the same rows into `raw_jobs`, untimed.
+async fn raw_publish(pool: &PgPool, envelopes: &[Envelope]) -> Result<()> {
+    raw_enqueue(pool, envelopes, 4).await.map(|_| ())
+}
+
+/// The baseline drain: `concurrency` connections, each leasing `batch` rows with the queue's
+/// lease statement, then in one transaction the batch's claims, one prepared insert per job
+/// (for the inserting shapes), the batch's delete, and the commit.
+async fn raw_drain(
+    pool: &PgPool,
+    shape: Shape,
+    concurrency: usize,
+    batch: usize,
+    jobs: u64,
+) -> Result<f64> {
+    // The queue's own lease statement on `raw_jobs`, returning the dedup key (the job id)
+    // too, for the claims.
+    let lease = format!(
+        "{}, j.dedup_key",
+        LEASE_STATEMENT.replace("core.jobs", "raw_jobs")
+    );
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (pool, done, lease) = (pool.clone(), done.clone(), lease.clone());
+        tasks.spawn(async move {
+            let mut conn = pool.acquire().await?;
+            while done.load(Ordering::Relaxed) < jobs {
+                let now = sqlx::types::chrono::Utc::now();
+                let rows = sqlx::query(&lease)
+                    .bind(QUEUE)
+                    .bind(now)
+                    .bind(now + Duration::from_secs(60))
+                    .bind(i64::try_from(batch)?)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                if rows.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                }
+                let mut ids = Vec::with_capacity(rows.len());
+                let mut job_ids = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    ids.push(row.try_get::<i64, _>(0)?);
+                    job_ids.push(Uuid::parse_str(row.try_get::<&str, _>("dedup_key")?)?);
+                }
+                let mut tx = sqlx::Acquire::begin(&mut *conn).await?;
+                sqlx::query(
+                    "insert into core.processed_jobs (job_id, consumer, processed_at) \
+                     select unnest($1::uuid[]), $2, $3 on conflict do nothing",
+                )
+                .bind(&job_ids)
+                .bind(CONSUMER)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                if shape.inserts() {
+                    for id in &ids {
+                        sqlx::query("insert into effects (n) values ($1)")
+                            .bind(id)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+                sqlx::query("delete from raw_jobs where id = any($1)")
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                done.fetch_add(rows.len() as u64, Ordering::Relaxed);
+            }
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(jobs as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Records when each handler started; the handler also sends a `NOTIFY` that arrives at its
+/// commit.
+struct Timed {
+    started: Arc<Mutex<Vec<Option<Instant>>>>,
+}
+
+#[async_trait]
+impl Handler<PgWorkTx> for Timed {
+    type Data = Numbered;
+
+    async fn handle(&self, job: Job<Numbered>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        let n = job.envelope.data.n;
+        let now = Instant::now();
+        if let (Ok(mut started), Ok(n)) = (self.started.lock(), usize::try_from(n)) {
+            if let Some(slot) = started.get_mut(n) {
+                slot.get_or_insert(now);
+            }
+        }
+        sqlx::query("insert into effects (n) values ($1)")
+            .bind(i64::try_from(n).map_err(JobError::permanent)?)
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
+        sqlx::query("select pg_notify('bench_committed', $1)")
+            .bind(n.to_string())
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
+        Ok(())
+    }
+}
+
+/// Publish-to-start and publish-to-commit latency of `count` jobs published one by one at
+/// `rate` per second into an idle grouped worker of concurrency 4.
+async fn latency(pool: &PgPool, rate: u64, count: usize) -> Result<()> {
+    reset(pool).await?;
+    let store = PgStore::from_pool(pool.clone());
+    let queue = PgQueue::new(pool.clone());
+    let started = Arc::new(Mutex::new(vec![None; count]));
+    let worker = worker(
+        &store,
+        &queue,
+        1,
+        Timed {
+            started: started.clone(),
+        },
+    )?;
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen("bench_committed").await?;
+    // Each commit's notification, timed as it arrives.
+    let collector = tokio::spawn(async move {
+        let mut committed = vec![None; count];
+        while committed.iter().any(Option::is_none) {
+            let note = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+                .await
+                .context("jobs never committed")??;
+            if let Some(slot) = note
+                .payload()
+                .parse::<usize>()
+                .ok()
+                .and_then(|n| committed.get_mut(n))
+            {
+                slot.get_or_insert_with(Instant::now);
+            }
+        }
+        Ok::<_, anyhow::Error>(committed)
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let name: QueueName = QUEUE.parse()?;
+    let envelopes = envelopes(count as u64)?;
+    let mut published = Vec::with_capacity(count);
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / u32::try_from(rate)?);
+    for envelope in &envelopes {
+        tick.tick().await;
+        published.push(Instant::now());
+        jobs_core::QueuePort::publish(&queue, &name, envelope, PublishOptions::default()).await?;
+    }
+    let committed = collector.await??;
+    let _ = stop.send(());
+    running.await?;
+    let started = started
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    let to_start = percentiles(&published, &started)?;
+    let to_commit = percentiles(&published, &committed)?;
+    println!(
+        "\nlatency at {rate} jobs/s into an idle grouped worker, {count} jobs: publish to handler \
+         start p50 {:.2} ms, p99 {:.2} ms; publish to commit p50 {:.2} ms, p99 {:.2} ms",
+        to_start.0, to_start.1, to_commit.0, to_commit.1
+    );
+    for (shape, (p50, p99)) in [("to-handler-start", to_start), ("to-commit", to_commit)] {
+        support::json_row(json!({
+            "bench": "pg-queue", "shape": format!("latency-{shape}"), "side": "runtime",
+            "concurrency": 1, "rate_per_s": rate, "p50_ms": p50, "p99_ms": p99,
+        }));
+    }
+    Ok(())
+}
+
+/// The p50 and p99, in milliseconds, of `ends[i] - starts[i]`.
+fn percentiles(starts: &[Instant], ends: &[Option<Instant>]) -> Result<(f64, f64)> {
+    let mut ms: Vec<f64> = starts
+        .iter()
+        .zip(ends)
+        .map(|(start, end)| {
+            end.map(|end| end.duration_since(*start).as_secs_f64() * 1000.0)
+                .context("a job without its time")
+        })
+        .collect::<Result<_>>()?;
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
+    Ok((at(0.5), at(0.99)))
 }
 
 /// `raw_jobs`: `core.jobs`' definition and storage parameters, without its trigger.
@@ -143,7 +599,7 @@ async fn raw_table(pool: &PgPool) -> Result<()> {
 fn envelopes(jobs: u64) -> Result<Vec<Envelope>> {
     let tenant = "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90".parse()?;
     let correlation = "0192f0a4-8d7e-7c3b-a1f2-6e5d4c3b2a19".parse()?;
-    let kind: jobs_core::Kind = "bench.noop".parse()?;
+    let kind: jobs_core::Kind = KIND.parse()?;
     Ok((0..jobs)
         .map(|n| {
             Envelope::new(
@@ -157,10 +613,10 @@ fn envelopes(jobs: u64) -> Result<Vec<Envelope>> {
 }
 
 async fn reset(pool: &PgPool) -> Result<()> {
-    sqlx::query("truncate raw_jobs, core.jobs, core.processed_jobs")
+    sqlx::query("truncate raw_jobs, core.jobs, core.processed_jobs, core.dead_letters, effects")
         .execute(pool)
         .await?;
-    for table in ["raw_jobs", "core.jobs", "core.processed_jobs"] {
+    for table in ["raw_jobs", "core.jobs", "core.processed_jobs", "effects"] {
         sqlx::query(&format!("vacuum analyze {table}"))
             .execute(pool)
             .await?;
@@ -221,53 +677,6 @@ async fn raw_enqueue(pool: &PgPool, envelopes: &[Envelope], concurrency: usize) 
     Ok(envelopes.len() as f64 / started.elapsed().as_secs_f64())
 }
 
-/// The baseline drain: per batch, one transaction of a SKIP LOCKED fetch-and-delete and the
-/// `processed_jobs` insert of the batch.
-async fn raw_drain(pool: &PgPool, concurrency: usize, jobs: u64) -> Result<f64> {
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..concurrency {
-        let (pool, done) = (pool.clone(), done.clone());
-        tasks.spawn(async move {
-            while done.load(Ordering::Relaxed) < jobs {
-                let mut tx = pool.begin().await?;
-                let ids: Vec<Uuid> = sqlx::query_scalar(
-                    "delete from raw_jobs where id = any(array( \
-                         select id from raw_jobs where queue = $1 and visible_at <= $2 \
-                         order by visible_at, id limit $3 for update skip locked)) \
-                     returning dedup_key::uuid",
-                )
-                .bind(QUEUE)
-                .bind(sqlx::types::chrono::Utc::now())
-                .bind(BATCH as i64)
-                .fetch_all(&mut *tx)
-                .await?;
-                if ids.is_empty() {
-                    tx.rollback().await?;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    continue;
-                }
-                sqlx::query(
-                    "insert into core.processed_jobs (job_id, consumer, processed_at) \
-                     select unnest($1::uuid[]), $2, now() on conflict do nothing",
-                )
-                .bind(&ids)
-                .bind(CONSUMER)
-                .execute(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                done.fetch_add(ids.len() as u64, Ordering::Relaxed);
-            }
-            Ok::<(), anyhow::Error>(())
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done??;
-    }
-    Ok(jobs as f64 / started.elapsed().as_secs_f64())
-}
-
 /// The queue's publish: `PgQueue::publish_batch`, one multi-row insert per batch.
 async fn queue_enqueue(queue: &PgQueue, envelopes: &[Envelope], concurrency: usize) -> Result<f64> {
     let name: QueueName = QUEUE.parse()?;
@@ -297,45 +706,4 @@ async fn queue_enqueue(queue: &PgQueue, envelopes: &[Envelope], concurrency: usi
         done??;
     }
     Ok(envelopes.len() as f64 / started.elapsed().as_secs_f64())
-}
-
-/// A no-op job: its only effect is the claim the batch records.
-struct NoOp;
-
-#[async_trait]
-impl BatchHandler for NoOp {
-    async fn handle(&self, _: &mut PgConnection, _: &Envelope) -> Result<(), BatchError> {
-        Ok(())
-    }
-}
-
-/// The queue's drain: `concurrency` consumers calling `PgQueue::consume_batch`.
-async fn queue_drain(queue: &PgQueue, concurrency: usize, jobs: u64) -> Result<f64> {
-    let name: QueueName = QUEUE.parse()?;
-    let consumer = ConsumerName::from_str(CONSUMER)?;
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..concurrency {
-        let (queue, name, consumer, done) =
-            (queue.clone(), name.clone(), consumer.clone(), done.clone());
-        tasks.spawn(async move {
-            while done.load(Ordering::Relaxed) < jobs {
-                let batch = queue
-                    .consume_batch(&name, &consumer, BATCH, Duration::from_secs(60), &NoOp)
-                    .await?;
-                anyhow::ensure!(batch.fallback.is_empty(), "a no-op batch fell back");
-                let n = (batch.done + batch.skipped) as u64;
-                if n == 0 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                done.fetch_add(n, Ordering::Relaxed);
-            }
-            Ok::<(), anyhow::Error>(())
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done??;
-    }
-    Ok(jobs as f64 / started.elapsed().as_secs_f64())
 }

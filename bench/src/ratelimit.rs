@@ -128,6 +128,14 @@ async fn compare(
              {uncoalesced:>20.0}",
             measured / baseline
         );
+        support::rate_row(
+            "ratelimit",
+            "acquire",
+            "limiter",
+            concurrency,
+            measured,
+            baseline,
+        );
     }
     Ok(())
 }

@@ -4,6 +4,8 @@
 use std::str::FromStr;
 
 use anyhow::{Context, Result};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics_util::registry::{AtomicStorage, Registry};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection};
 
@@ -47,4 +49,85 @@ where
         .execute(&mut admin)
         .await?;
     result
+}
+
+/// One measured row, printed as a JSON object on its own line when `JOBS_BENCH_JSON=1`, so a
+/// script can collect every figure a benchmark printed for people.
+pub(crate) fn json_row(row: serde_json::Value) {
+    if std::env::var("JOBS_BENCH_JSON").is_ok_and(|v| v == "1") {
+        println!("{row}");
+    }
+}
+
+/// [`json_row`] of a throughput next to its baseline: `rate` operations (jobs, acquisitions,
+/// messages) per second for `side`, the baseline's, and their ratio.
+pub(crate) fn rate_row(
+    bench: &str,
+    shape: &str,
+    side: &str,
+    concurrency: usize,
+    rate: f64,
+    baseline: f64,
+) {
+    json_row(serde_json::json!({
+        "bench": bench,
+        "shape": shape,
+        "side": side,
+        "concurrency": concurrency,
+        "jobs_per_s": rate.round(),
+        "baseline_jobs_per_s": baseline.round(),
+        "ratio": ratio(rate, baseline),
+    }));
+}
+
+/// `rate / baseline` to two decimals.
+pub(crate) fn ratio(rate: f64, baseline: f64) -> f64 {
+    (rate / baseline * 100.0).round() / 100.0
+}
+
+/// Installs what a deployed worker runs with: a metrics recorder (atomic counters and
+/// histograms, as an exporter keeps them) and an info-level tracing subscriber (formatting into
+/// a sink, so the terminal shows only the figures).
+pub(crate) fn install_observability() -> Result<()> {
+    metrics::set_global_recorder(AtomicRecorder::default())
+        .map_err(|e| anyhow::anyhow!("install the metrics recorder: {e}"))?;
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::sink)
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("install the tracing subscriber: {e}"))
+}
+
+/// A recorder keeping every metric in atomics, like the exporters' registries.
+struct AtomicRecorder {
+    registry: Registry<Key, AtomicStorage>,
+}
+
+impl Default for AtomicRecorder {
+    fn default() -> Self {
+        AtomicRecorder {
+            registry: Registry::atomic(),
+        }
+    }
+}
+
+impl Recorder for AtomicRecorder {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        self.registry
+            .get_or_create_counter(key, |c| Counter::from_arc(c.clone()))
+    }
+
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        self.registry
+            .get_or_create_gauge(key, |g| Gauge::from_arc(g.clone()))
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        self.registry
+            .get_or_create_histogram(key, |h| Histogram::from_arc(h.clone()))
+    }
 }

@@ -51,12 +51,28 @@ async fn bench() -> Result<()> {
             "publish",
             measured / baseline
         );
+        support::rate_row(
+            "vercel",
+            "publish",
+            "adapter",
+            concurrency,
+            measured,
+            baseline,
+        );
         let baseline = raw.consume(&q_raw, concurrency, messages).await?;
         let measured = consume(&vercel, &q_adapter, concurrency, messages).await?;
         println!(
             "{:>8}  {concurrency:>11}  {baseline:>14.0}  {measured:>14.0}  {:>6.2}",
             "consume",
             measured / baseline
+        );
+        support::rate_row(
+            "vercel",
+            "consume",
+            "adapter",
+            concurrency,
+            measured,
+            baseline,
         );
     }
     Ok(())

@@ -75,6 +75,14 @@ pub trait Handler<Tx: Send>: Send + Sync + 'static {
     /// The kind's `data`; a payload that does not deserialise into it is poison.
     type Data: DeserializeOwned + Send + 'static;
 
+    /// `true` when the handler's only effects are its writes through `tx`: no HTTP call, no
+    /// email, no write anywhere else, so running it again after its transaction rolled back
+    /// repeats nothing. A grouped worker then runs a group of such jobs without a checkpoint
+    /// per job (one round trip fewer for each job that writes), and when one of them fails,
+    /// rolls the group back and runs the others again. `false` by default: a failing job then
+    /// never makes a neighbour's handler run twice.
+    const RERUNNABLE: bool = false;
+
     /// Does the job's work in `tx`.
     async fn handle(&self, job: Job<Self::Data>, tx: &mut Tx) -> Result<(), JobError>;
 }
@@ -87,6 +95,9 @@ pub(crate) trait Prepared<Tx: Send>: Send {
 
 /// A handler with its data type erased, so handlers of all kinds fit one registry.
 pub(crate) trait ErasedHandler<Tx: Send>: Send + Sync {
+    /// [`Handler::RERUNNABLE`].
+    fn rerunnable(&self) -> bool;
+
     fn prepare(
         &self,
         envelope: Envelope,
@@ -123,6 +134,10 @@ impl<H: Handler<Tx>, Tx: Send> Prepared<Tx> for TypedJob<H, Tx> {
 }
 
 impl<H: Handler<Tx>, Tx: Send + 'static> ErasedHandler<Tx> for Typed<H, Tx> {
+    fn rerunnable(&self) -> bool {
+        H::RERUNNABLE
+    }
+
     fn prepare(
         &self,
         envelope: Envelope,

@@ -14,6 +14,7 @@
 mod alerts;
 mod cleanup;
 mod dead_letters;
+mod group;
 mod handler;
 mod retry;
 mod throttle;
@@ -25,4 +26,6 @@ pub use dead_letters::{DeadLetters, ReplayError, Replayed};
 pub use handler::{BoxError, Handler, Job, JobError};
 pub use retry::{Backoff, PolicyError, QueuePolicy, RetryPolicy};
 pub use throttle::Throttled;
-pub use worker::{DeadReason, Outcome, Worker, WorkerBuilder, WorkerConfig, WorkerError};
+pub use worker::{
+    DeadReason, MAX_GROUP_SIZE, Outcome, Worker, WorkerBuilder, WorkerConfig, WorkerError,
+};

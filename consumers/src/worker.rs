@@ -1,7 +1,8 @@
 //! The worker: receive, decode, claim, handle, commit, ack; or retry, defer, dead-letter.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -9,8 +10,9 @@ use std::time::{Duration, Instant, SystemTime};
 use futures_util::FutureExt;
 use jobs_core::{
     Claim, Clock, ConsumerName, ConsumerPort, CorrelationId, DeadLetterId, DeadLetterStore,
-    DecodeLimits, Delivery, Envelope, JobId, Kind, NewDeadLetter, QueueError, QueueName, Recorded,
-    StoreError, SystemClock, TenantId, WorkStore, WorkTransaction,
+    DecodeLimits, Delivery, Envelope, GroupTransaction, JobId, Kind, NewDeadLetter, QueueError,
+    QueueName, Recorded, SettleInTransaction, StoreError, SystemClock, TenantId, WorkStore,
+    WorkTransaction,
 };
 use serde_json::Value;
 use thiserror::Error;
@@ -19,7 +21,8 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, field};
 
 use crate::alerts::CoalescingAlerter;
-use crate::handler::{ErasedHandler, Handler, JobError, Typed};
+use crate::group::{Groups, GroupsOf};
+use crate::handler::{ErasedHandler, Handler, JobError, Prepared, Typed};
 use crate::retry::{Backoff, QueuePolicy, RetryPolicy};
 
 /// What became of one delivery.
@@ -67,7 +70,7 @@ pub enum DeadReason {
 }
 
 impl DeadReason {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DeadReason::Poison => "poison",
             DeadReason::Permanent => "permanent",
@@ -86,6 +89,18 @@ pub enum WorkerError {
     /// Two handlers for one kind.
     #[error("kind `{0}` has two handlers")]
     DuplicateKind(Kind),
+    /// [`WorkerBuilder::grouped`] was given a queue whose statements cannot join the store's
+    /// transactions.
+    #[error("worker `{consumer}` cannot run grouped: {reason}")]
+    NotInStore {
+        /// The worker's consumer.
+        consumer: ConsumerName,
+        /// Why the queue and the store do not share transactions.
+        reason: String,
+    },
+    /// A group size outside 1 to [`MAX_GROUP_SIZE`].
+    #[error("group_size {0} is outside 1 to {MAX_GROUP_SIZE}")]
+    GroupSize(usize),
     /// An override for a queue this worker does not consume.
     #[error("retry policy override for `{policy}` given to the worker of `{queue}`")]
     PolicyForOtherQueue {
@@ -114,7 +129,19 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// Limits applied when decoding payloads.
     pub decode_limits: DecodeLimits,
+    /// In grouped mode ([`WorkerBuilder::grouped`]), the most jobs one work transaction
+    /// carries (1 to [`MAX_GROUP_SIZE`]). Larger groups commit less often; each job of a group
+    /// waits for the ones before it, since they share one connection.
+    pub group_size: usize,
+    /// In grouped mode, how long a group that found fewer than `group_size` jobs ready waits
+    /// for more before it starts. Zero by default: a job published to an idle worker starts at
+    /// once, and groups fill only under load.
+    pub group_linger: Duration,
 }
+
+/// The largest group: PostgreSQL keeps the subtransactions of 64 savepoints per backend in
+/// shared memory and spills to disk past that, which slows every session's snapshots.
+pub const MAX_GROUP_SIZE: usize = 64;
 
 impl Default for WorkerConfig {
     fn default() -> Self {
@@ -124,7 +151,21 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_millis(500),
             shutdown_grace: Duration::from_secs(30),
             decode_limits: DecodeLimits::default(),
+            group_size: 32,
+            group_linger: Duration::ZERO,
         }
+    }
+}
+
+impl WorkerConfig {
+    /// The connections a worker with this configuration needs from a pool it shares with its
+    /// queue: one per concurrent job (or group), one for fetching, one for settlements and
+    /// lease extensions made outside a work transaction, and one for the queue's wake-ups
+    /// (LISTEN). A smaller pool makes jobs wait for connections held by their neighbours.
+    pub fn connections(&self) -> u32 {
+        u32::try_from(self.concurrency)
+            .unwrap_or(u32::MAX)
+            .saturating_add(3)
     }
 }
 
@@ -142,6 +183,7 @@ pub struct WorkerBuilder<S: WorkStore> {
     clock: Arc<dyn Clock>,
     alerts: Option<CoalescingAlerter>,
     config: WorkerConfig,
+    groups: Option<Arc<dyn Groups<S>>>,
 }
 
 impl<S: WorkStore> WorkerBuilder<S> {
@@ -182,6 +224,24 @@ impl<S: WorkStore> WorkerBuilder<S> {
         self
     }
 
+    /// Runs grouped: `queue`, kept in the store's own database, becomes the transport, and
+    /// several of its jobs run in one work transaction that also settles them, committing once
+    /// (up to [`WorkerConfig::group_size`]). Each job still succeeds or fails alone: its writes
+    /// are undone back to a checkpoint when it fails. A job whose previous lease expired
+    /// unsettled (its worker may have died on it) runs alone, after the jobs fetched with it
+    /// and with nothing else in flight, so one that crashes the process cannot take other jobs'
+    /// attempts with it twice. [`build`](Self::build) refuses a queue that does not share the
+    /// store's transactions.
+    pub fn grouped<Q>(mut self, queue: Arc<Q>) -> Self
+    where
+        Q: SettleInTransaction<S> + 'static,
+        S::Tx: GroupTransaction,
+    {
+        self.transport = queue.clone();
+        self.groups = Some(Arc::new(GroupsOf(queue)));
+        self
+    }
+
     /// The worker, or why it makes no sense.
     pub fn build(self) -> Result<Worker<S>, WorkerError> {
         if self.handlers.is_empty() {
@@ -204,6 +264,25 @@ impl<S: WorkStore> WorkerBuilder<S> {
                 "retry policy overridden for this queue"
             );
         }
+        if let Some(groups) = &self.groups {
+            if !(1..=MAX_GROUP_SIZE).contains(&self.config.group_size) {
+                return Err(WorkerError::GroupSize(self.config.group_size));
+            }
+            groups
+                .check(&self.store)
+                .map_err(|reason| WorkerError::NotInStore {
+                    consumer: self.consumer.clone(),
+                    reason,
+                })?;
+        }
+        tracing::info!(
+            queue = %self.queue,
+            consumer = %self.consumer,
+            mode = if self.groups.is_some() { "grouped" } else { "per job" },
+            concurrency = self.config.concurrency,
+            group_size = self.groups.as_ref().map(|_| self.config.group_size),
+            "worker built"
+        );
         Ok(Worker {
             consumer: self.consumer,
             queue: self.queue,
@@ -215,6 +294,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             clock: self.clock,
             alerts: self.alerts,
             config: self.config,
+            groups: self.groups,
         })
     }
 }
@@ -227,16 +307,17 @@ impl<S: WorkStore> WorkerBuilder<S> {
 /// retries with backoff, or dead-letters when attempts run out or the failure is permanent.
 /// The message is acked only after the commit or the dead letter is durable.
 pub struct Worker<S: WorkStore> {
-    consumer: ConsumerName,
+    pub(crate) consumer: ConsumerName,
     queue: QueueName,
     transport: Arc<dyn ConsumerPort>,
-    store: Arc<S>,
+    pub(crate) store: Arc<S>,
     dead_letters: Arc<dyn DeadLetterStore>,
     handlers: HashMap<Kind, Arc<dyn ErasedHandler<S::Tx>>>,
-    policy: RetryPolicy,
-    clock: Arc<dyn Clock>,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) clock: Arc<dyn Clock>,
     alerts: Option<CoalescingAlerter>,
     config: WorkerConfig,
+    groups: Option<Arc<dyn Groups<S>>>,
 }
 
 impl<S: WorkStore> fmt::Debug for Worker<S> {
@@ -245,20 +326,21 @@ impl<S: WorkStore> fmt::Debug for Worker<S> {
             .field("consumer", &self.consumer)
             .field("queue", &self.queue)
             .field("policy", &self.policy)
+            .field("grouped", &self.groups.is_some())
             .finish_non_exhaustive()
     }
 }
 
 /// The envelope fields that could be read from a payload, for a dead letter.
 #[derive(Default)]
-struct Salvage {
+pub(crate) struct Salvage {
     /// Whether the fields come from a valid envelope (then the job id is its identity), rather
     /// than from whatever a broken payload still holds.
-    valid: bool,
-    job_id: Option<JobId>,
-    tenant_id: Option<TenantId>,
-    kind: Option<Kind>,
-    correlation_id: Option<CorrelationId>,
+    pub(crate) valid: bool,
+    pub(crate) job_id: Option<JobId>,
+    pub(crate) tenant_id: Option<TenantId>,
+    pub(crate) kind: Option<Kind>,
+    pub(crate) correlation_id: Option<CorrelationId>,
 }
 
 impl Salvage {
@@ -313,6 +395,7 @@ where
             clock: Arc::new(SystemClock),
             alerts: None,
             config: WorkerConfig::default(),
+            groups: None,
         }
     }
 
@@ -321,29 +404,57 @@ where
         &self.queue
     }
 
-    /// Receives one batch (up to the concurrency) and processes it, returning the outcomes;
-    /// empty when nothing was ready. Tests drain a queue by calling this until it is empty.
+    /// Receives one batch and processes it, returning the outcomes; empty when nothing was
+    /// ready. Tests drain a queue by calling this until it is empty. Per job, the batch is up
+    /// to the concurrency; grouped, up to the group size, run as the groups the loop would
+    /// make of it, one after another.
     pub async fn run_once(&self) -> Result<Vec<Outcome>, QueueError> {
-        let deliveries = self
-            .transport
-            .receive(&self.queue, self.config.concurrency, self.config.lease)
-            .await?;
-        let outcomes =
-            futures_util::future::join_all(deliveries.into_iter().map(|d| self.process(d))).await;
+        let outcomes = match &self.groups {
+            None => {
+                let deliveries = self
+                    .transport
+                    .receive(&self.queue, self.config.concurrency, self.config.lease)
+                    .await?;
+                futures_util::future::join_all(deliveries.into_iter().map(|d| self.process(d)))
+                    .await
+            }
+            Some(groups) => {
+                let mut buffer: VecDeque<Delivery> = self
+                    .transport
+                    .receive(&self.queue, self.config.group_size, self.config.lease)
+                    .await?
+                    .into();
+                let mut outcomes = Vec::with_capacity(buffer.len());
+                while !buffer.is_empty() {
+                    let group = next_group(&mut buffer, self.config.group_size);
+                    outcomes.extend(groups.run(self, group).await);
+                }
+                outcomes
+            }
+        };
         if let Some(alerts) = &self.alerts {
             alerts.flush().await;
         }
         Ok(outcomes)
     }
 
-    /// Runs until `shutdown` completes: receives, processes up to `concurrency` deliveries at
-    /// once, extends leases of long handlers. When the queue is empty it waits for the
-    /// transport's wake-up ([`ConsumerPort::wait_for_work`]) or the poll interval, whichever
-    /// comes first, so a job published to an idle worker starts without waiting out the poll.
-    /// On shutdown it stops receiving, lets in-flight
-    /// jobs finish within the grace period and abandons the rest unacked (they are delivered
-    /// again elsewhere).
+    /// Runs until `shutdown` completes: receives, processes up to `concurrency` deliveries (or,
+    /// grouped, groups) at once, extends leases of long handlers. When the queue is empty it
+    /// waits for the transport's wake-up ([`ConsumerPort::wait_for_work`]) or the poll
+    /// interval, whichever comes first, so a job published to an idle worker starts without
+    /// waiting out the poll. On shutdown it stops receiving, gives back what it fetched but
+    /// did not start, lets in-flight jobs finish within the grace period and abandons the rest
+    /// unacked (they are delivered again elsewhere).
     pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()> + Send) {
+        match self.groups.clone() {
+            Some(groups) => self.run_grouped(groups, shutdown).await,
+            None => self.run_each(shutdown).await,
+        }
+    }
+
+    /// [`Worker::run`] per job: a work transaction, and settlements through the transport, per
+    /// delivery.
+    async fn run_each(self: Arc<Self>, shutdown: impl Future<Output = ()> + Send) {
         let permits = Arc::new(Semaphore::new(self.config.concurrency));
         let mut in_flight = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -388,26 +499,174 @@ where
             if let Some(alerts) = &self.alerts {
                 alerts.flush().await;
             }
-            match idle {
-                Idle::Busy => {}
-                // Nothing ready: until the transport's wake-up or the next poll, whichever is
-                // first (the poll also covers delays and retries falling due).
-                Idle::Empty => {
-                    tokio::select! {
-                        () = &mut shutdown => break,
-                        () = tokio::time::sleep(self.config.poll_interval) => {}
-                        () = self.transport.wait_for_work(&self.queue) => {}
-                    }
+            if self.idle(idle, &mut shutdown).await.is_break() {
+                break;
+            }
+        }
+        self.drain(in_flight).await;
+    }
+
+    /// [`Worker::run`] grouped: one fetch of up to a group's jobs ahead of the running groups
+    /// (the local buffer), and up to `concurrency` groups at once, each in its own work
+    /// transaction.
+    async fn run_grouped(
+        self: Arc<Self>,
+        groups: Arc<dyn Groups<S>>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) {
+        let size = self.config.group_size;
+        let permits = Arc::new(Semaphore::new(self.config.concurrency));
+        let mut in_flight = JoinSet::new();
+        let mut buffer = VecDeque::with_capacity(size);
+        let mut shutdown = std::pin::pin!(shutdown);
+        // Slow start: one job, then twice as many each fetch up to a group. Every fetched job
+        // spends an attempt, so a process that a job crashes at once (an abort, an OOM) costs
+        // that job an attempt and leaves its neighbours' alone.
+        let mut fetch = 1;
+        loop {
+            while in_flight.try_join_next().is_some() {}
+            if buffer.is_empty() {
+                let idle = tokio::select! {
+                    () = &mut shutdown => break,
+                    idle = self.fill(&mut buffer, fetch) => idle,
+                };
+                // Slow start again after a suspect, else twice as many up to a group.
+                fetch = if buffer.iter().any(|d| d.expired) {
+                    1
+                } else {
+                    (fetch * 2).min(size)
+                };
+                if let Some(alerts) = &self.alerts {
+                    alerts.flush().await;
                 }
-                // A failing transport is polled, never woken into a tight loop.
-                Idle::Failed => {
-                    tokio::select! {
-                        () = &mut shutdown => break,
-                        () = tokio::time::sleep(self.config.poll_interval) => {}
-                    }
+                if self.idle(idle, &mut shutdown).await.is_break() {
+                    break;
+                }
+                if buffer.is_empty() {
+                    continue;
+                }
+            }
+            if buffer.front().is_some_and(|d| d.expired) {
+                // A job whose worker may have died on it: alone, once every job fetched with
+                // it has settled, and with nothing else leased while it runs, so that if it
+                // crashes this process too it takes no other job's attempt with it.
+                let group = next_group(&mut buffer, size);
+                let settled = tokio::select! {
+                    () = &mut shutdown => false,
+                    () = join_all(&mut in_flight) => true,
+                };
+                if !settled {
+                    buffer.extend(group);
+                    break;
+                }
+                let (worker, groups) = (self.clone(), groups.clone());
+                in_flight.spawn(async move {
+                    groups.run(&worker, group).await;
+                });
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    () = join_all(&mut in_flight) => {}
+                }
+                continue;
+            }
+            let permit = tokio::select! {
+                () = &mut shutdown => break,
+                permit = permits.clone().acquire_owned() => permit,
+            };
+            let Ok(permit) = permit else { break };
+            let group = next_group(&mut buffer, size);
+            let (worker, groups) = (self.clone(), groups.clone());
+            in_flight.spawn(async move {
+                groups.run(&worker, group).await;
+                drop(permit);
+            });
+        }
+        self.release(buffer).await;
+        self.drain(in_flight).await;
+    }
+
+    /// Fetches up to `size` deliveries into the empty `buffer`, lingering for more (up to a
+    /// group) when the configuration says so.
+    async fn fill(&self, buffer: &mut VecDeque<Delivery>, size: usize) -> Idle {
+        match self
+            .transport
+            .receive(&self.queue, size, self.config.lease)
+            .await
+        {
+            Ok(batch) if batch.is_empty() => return Idle::Empty,
+            // A job whose lease expired unsettled runs after the others, and only one such a
+            // fetch: the rest are given back at once, attempt unspent, so that none of them is
+            // leased while it runs.
+            Ok(batch) => {
+                let (suspects, fresh): (Vec<_>, Vec<_>) =
+                    batch.into_iter().partition(|d| d.expired);
+                let mut suspects = suspects.into_iter();
+                buffer.extend(fresh);
+                buffer.extend(suspects.next());
+                self.release(suspects).await;
+            }
+            Err(e) => {
+                tracing::warn!(queue = %self.queue, error = %e, "receive failed; will poll again");
+                return Idle::Failed;
+            }
+        }
+        let missing = self.config.group_size.saturating_sub(buffer.len());
+        if missing > 0 && !self.config.group_linger.is_zero() {
+            tokio::time::sleep(self.config.group_linger).await;
+            match self
+                .transport
+                .receive(&self.queue, missing, self.config.lease)
+                .await
+            {
+                Ok(more) => buffer.extend(more),
+                Err(e) => tracing::warn!(queue = %self.queue, error = %e, "receive failed"),
+            }
+        }
+        Idle::Busy
+    }
+
+    /// Waits as `idle` says: at once when busy, for a wake-up or the poll when the queue was
+    /// empty, for the poll when the receive failed. Breaks when shutdown comes first.
+    async fn idle(
+        &self,
+        idle: Idle,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> ControlFlow<()> {
+        match idle {
+            Idle::Busy => {}
+            // Nothing ready: until the transport's wake-up or the next poll, whichever is
+            // first (the poll also covers delays and retries falling due).
+            Idle::Empty => {
+                tokio::select! {
+                    () = shutdown => return ControlFlow::Break(()),
+                    () = tokio::time::sleep(self.config.poll_interval) => {}
+                    () = self.transport.wait_for_work(&self.queue) => {}
+                }
+            }
+            // A failing transport is polled, never woken into a tight loop.
+            Idle::Failed => {
+                tokio::select! {
+                    () = shutdown => return ControlFlow::Break(()),
+                    () = tokio::time::sleep(self.config.poll_interval) => {}
                 }
             }
         }
+        ControlFlow::Continue(())
+    }
+
+    /// Gives back deliveries fetched but never started, due now and with their attempt
+    /// unspent; one that cannot be given back comes back when its lease expires.
+    async fn release(&self, deliveries: impl IntoIterator<Item = Delivery>) {
+        let now = self.clock.now();
+        for delivery in deliveries {
+            if let Err(e) = self.transport.defer(&delivery.lease, now).await {
+                tracing::warn!(queue = %self.queue, error = %e, "could not give back a fetched job; it returns after its lease");
+            }
+        }
+    }
+
+    /// Lets in-flight work finish within the shutdown grace, then abandons it.
+    async fn drain(&self, mut in_flight: JoinSet<()>) {
         let drained = tokio::time::timeout(self.config.shutdown_grace, async {
             while in_flight.join_next().await.is_some() {}
         })
@@ -422,11 +681,10 @@ where
         }
     }
 
-    /// Processes one delivery to the end, settling it with the transport, and says what
-    /// happened. Push transports call this with the delivery an HTTP request carries and turn
-    /// the outcome into their answer.
-    pub async fn process(&self, delivery: Delivery) -> Outcome {
-        let span = tracing::info_span!(
+    /// The span of one delivery's processing; the envelope's fields are recorded once it
+    /// decodes.
+    pub(crate) fn job_span(&self, delivery: &Delivery) -> tracing::Span {
+        tracing::info_span!(
             "job",
             queue = %self.queue,
             consumer = %self.consumer,
@@ -435,7 +693,14 @@ where
             tenant_id = field::Empty,
             correlation_id = field::Empty,
             kind = field::Empty,
-        );
+        )
+    }
+
+    /// Processes one delivery to the end, settling it with the transport, and says what
+    /// happened. Push transports call this with the delivery an HTTP request carries and turn
+    /// the outcome into their answer.
+    pub async fn process(&self, delivery: Delivery) -> Outcome {
+        let span = self.job_span(&delivery);
         let outcome = self
             .process_inner(delivery, &span)
             .instrument(span.clone())
@@ -444,14 +709,21 @@ where
         outcome
     }
 
-    async fn process_inner(&self, delivery: Delivery, span: &tracing::Span) -> Outcome {
+    /// Decodes the delivery and finds its handler, or says which dead letter it must become
+    /// (poison, an unknown kind, data that does not fit, an attempt beyond the policy's).
+    pub(crate) fn triage(
+        &self,
+        delivery: &Delivery,
+        span: &tracing::Span,
+    ) -> Result<Ready<S::Tx>, Reject> {
         let envelope = match Envelope::decode_with(&delivery.payload, &self.config.decode_limits) {
             Ok(envelope) => envelope,
             Err(e) => {
-                let salvage = Salvage::from_bytes(&delivery.payload);
-                return self
-                    .dead_letter(&delivery, salvage, DeadReason::Poison, e.to_string())
-                    .await;
+                return Err(Reject {
+                    salvage: Salvage::from_bytes(&delivery.payload),
+                    reason: DeadReason::Poison,
+                    error: e.to_string(),
+                });
             }
         };
         span.record("job_id", field::display(envelope.job_id));
@@ -460,35 +732,57 @@ where
         span.record("kind", field::display(&envelope.kind));
         let salvage = Salvage::of(&envelope);
         let kind = envelope.kind.clone();
-
+        let reject = |reason, error| Reject {
+            salvage: Salvage::of(&envelope),
+            reason,
+            error,
+        };
         if delivery.attempt > self.policy.max_attempts() {
             let error = format!(
                 "delivered for attempt {} beyond the policy's {}",
                 delivery.attempt,
                 self.policy.max_attempts()
             );
-            return self
-                .dead_letter(&delivery, salvage, DeadReason::Exhausted, error)
-                .await;
+            return Err(reject(DeadReason::Exhausted, error));
         }
-
         let Some(handler) = self.handlers.get(&kind) else {
             let error = format!(
                 "`kind`: no handler registered for `{kind}` in consumer `{}`",
                 self.consumer
             );
-            return self
-                .dead_letter(&delivery, salvage, DeadReason::Poison, error)
-                .await;
+            return Err(reject(DeadReason::Poison, error));
         };
         let job_id = envelope.job_id;
-        let prepared = match handler.prepare(envelope, self.queue.clone(), delivery.attempt) {
-            Ok(prepared) => prepared,
-            Err(e) => {
-                return self
-                    .dead_letter(&delivery, salvage, DeadReason::Poison, e.to_string())
-                    .await;
-            }
+        match handler.prepare(envelope, self.queue.clone(), delivery.attempt) {
+            Ok(prepared) => Ok(Ready {
+                prepared,
+                salvage,
+                kind,
+                job_id,
+                rerunnable: handler.rerunnable(),
+            }),
+            Err(e) => Err(Reject {
+                salvage,
+                reason: DeadReason::Poison,
+                error: e.to_string(),
+            }),
+        }
+    }
+
+    async fn process_inner(&self, delivery: Delivery, span: &tracing::Span) -> Outcome {
+        let Ready {
+            prepared,
+            salvage,
+            kind,
+            job_id,
+            ..
+        } = match self.triage(&delivery, span) {
+            Ok(ready) => ready,
+            Err(Reject {
+                salvage,
+                reason,
+                error,
+            }) => return self.dead_letter(&delivery, salvage, reason, error).await,
         };
 
         let mut tx = match self.store.begin().await {
@@ -500,7 +794,7 @@ where
             // Settled before: processed, or dead-lettered (a replay releases the claim).
             Ok(Claim::AlreadyProcessed | Claim::DeadLettered) => {
                 rollback(tx).await;
-                metrics::counter!("jobs_duplicate_skipped_total", self.labels(&kind)).increment(1);
+                self.count("jobs_duplicate_skipped_total", &kind);
                 return match self.transport.ack(&delivery.lease).await {
                     Ok(()) => Outcome::Duplicate,
                     Err(e) => unsettled("ack of a duplicate", &e),
@@ -514,13 +808,12 @@ where
 
         let started = Instant::now();
         let result = self.run_with_lease(prepared, &mut tx, &delivery).await;
-        metrics::histogram!("jobs_handler_seconds", self.labels(&kind))
-            .record(started.elapsed().as_secs_f64());
+        self.timed(&kind, started);
 
         match result {
             Ok(()) => match tx.commit().await {
                 Ok(()) => {
-                    metrics::counter!("jobs_processed_total", self.labels(&kind)).increment(1);
+                    self.count("jobs_processed_total", &kind);
                     match self.transport.ack(&delivery.lease).await {
                         Ok(()) => Outcome::Processed,
                         // Committed: the redelivery will be skipped as a duplicate.
@@ -548,8 +841,7 @@ where
                         tracing::warn!(error = %error, retry_in = ?delay, "job failed; will retry");
                         match self.transport.retry_at(&delivery.lease, at).await {
                             Ok(()) => {
-                                metrics::counter!("jobs_retried_total", self.labels(&kind))
-                                    .increment(1);
+                                self.count("jobs_retried_total", &kind);
                                 Outcome::Retrying { at }
                             }
                             Err(e) => unsettled("retry", &e),
@@ -568,27 +860,17 @@ where
     /// it runs.
     async fn run_with_lease(
         &self,
-        prepared: Box<dyn crate::handler::Prepared<S::Tx>>,
+        prepared: Box<dyn Prepared<S::Tx>>,
         tx: &mut S::Tx,
         delivery: &Delivery,
     ) -> Result<(), JobError> {
-        let work = AssertUnwindSafe(prepared.run(tx)).catch_unwind();
+        let work = run_caught(prepared, tx);
         let mut work = std::pin::pin!(work);
         let mut lease = delivery.lease.clone();
         let every = self.config.lease / 3;
         loop {
             tokio::select! {
-                result = &mut work => {
-                    return result.unwrap_or_else(|panic| {
-                        let message = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| (*s).to_owned())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "a non-string panic payload".to_owned());
-                        tracing::error!(panic = %message, "handler panicked");
-                        Err(JobError::retry(format!("handler panicked: {message}")))
-                    });
-                }
+                result = &mut work => return result,
                 () = tokio::time::sleep(every) => {
                     match self.transport.extend(&lease, self.config.lease).await {
                         Ok(extended) => lease = extended,
@@ -599,41 +881,66 @@ where
         }
     }
 
+    /// The dead letter of `delivery`, as the runtime records it.
+    pub(crate) fn letter(
+        &self,
+        delivery: &Delivery,
+        salvage: &Salvage,
+        error: String,
+    ) -> NewDeadLetter {
+        NewDeadLetter {
+            job_id: salvage.job_id,
+            queue: self.queue.clone(),
+            consumer: Some(self.consumer.clone()),
+            tenant_id: salvage.tenant_id,
+            kind: salvage.kind.clone(),
+            correlation_id: salvage.correlation_id,
+            payload: delivery.payload.clone(),
+            attempts: delivery.attempt,
+            last_error: error,
+            dedup_key: salvage
+                .job_id
+                .map(|id| id.to_string())
+                .or_else(|| delivery.message_id.clone()),
+            at: self.clock.now(),
+        }
+    }
+
+    /// Logs, counts and alerts a dead letter recorded for the first time.
+    pub(crate) async fn announce_dead(&self, kind: Option<&Kind>, reason: DeadReason, error: &str) {
+        tracing::error!(reason = reason.as_str(), error = %error, "job dead-lettered");
+        let labels = vec![
+            metrics::Label::new("queue", self.queue.to_string()),
+            metrics::Label::new(
+                "kind",
+                kind.map_or_else(|| "unknown".to_owned(), ToString::to_string),
+            ),
+        ];
+        if reason == DeadReason::Poison {
+            metrics::counter!("jobs_poison_total", labels.clone()).increment(1);
+        }
+        let mut labels = labels;
+        labels.push(metrics::Label::new("reason", reason.as_str()));
+        metrics::counter!("jobs_dead_lettered_total", labels).increment(1);
+        if let Some(alerts) = &self.alerts {
+            alerts.dead_lettered(&self.queue, error).await;
+        }
+    }
+
     /// Records the dead letter, then acks. A valid envelope is dead-lettered in a work
     /// transaction that claims its job, so the letter and the claim commit together: no copy of the
     /// job can commit its effect as well, and a copy that committed first wins (the delivery is
     /// then a duplicate). Whatever fails, the message stays unacked and comes back.
-    async fn dead_letter(
+    pub(crate) async fn dead_letter(
         &self,
         delivery: &Delivery,
         salvage: Salvage,
         reason: DeadReason,
         error: String,
     ) -> Outcome {
-        let kind_label = salvage
-            .kind
-            .as_ref()
-            .map_or_else(|| "unknown".to_owned(), ToString::to_string);
-        let dedup_key = salvage
-            .job_id
-            .map(|id| id.to_string())
-            .or_else(|| delivery.message_id.clone());
-        let job_id = salvage.job_id;
+        let letter = self.letter(delivery, &salvage, error.clone());
         // A broken payload's job id is not trusted to settle anyone's claim.
         let claimable = salvage.job_id.filter(|_| salvage.valid);
-        let letter = NewDeadLetter {
-            job_id,
-            queue: self.queue.clone(),
-            consumer: Some(self.consumer.clone()),
-            tenant_id: salvage.tenant_id,
-            kind: salvage.kind,
-            correlation_id: salvage.correlation_id,
-            payload: delivery.payload.clone(),
-            attempts: delivery.attempt,
-            last_error: error.clone(),
-            dedup_key,
-            at: self.clock.now(),
-        };
         let recorded = match claimable {
             Some(job_id) => self.record_claimed(job_id, letter).await,
             None => self.dead_letters.record(letter).await.map(Some),
@@ -655,20 +962,8 @@ where
             }
         };
         if let Recorded::New(_) = recorded {
-            tracing::error!(reason = reason.as_str(), error = %error, "job dead-lettered");
-            let labels = vec![
-                metrics::Label::new("queue", self.queue.to_string()),
-                metrics::Label::new("kind", kind_label),
-            ];
-            if reason == DeadReason::Poison {
-                metrics::counter!("jobs_poison_total", labels.clone()).increment(1);
-            }
-            let mut labels = labels;
-            labels.push(metrics::Label::new("reason", reason.as_str()));
-            metrics::counter!("jobs_dead_lettered_total", labels).increment(1);
-            if let Some(alerts) = &self.alerts {
-                alerts.dead_lettered(&self.queue, &error).await;
-            }
+            self.announce_dead(salvage.kind.as_ref(), reason, &error)
+                .await;
         }
         self.ack_dead(delivery, recorded.id(), reason).await
     }
@@ -722,7 +1017,11 @@ where
 
     /// The store failed: come back later without spending an attempt, so an outage never
     /// exhausts a job's retries.
-    async fn store_unavailable(&self, delivery: &Delivery, error: &StoreError) -> Outcome {
+    pub(crate) async fn store_unavailable(
+        &self,
+        delivery: &Delivery,
+        error: &StoreError,
+    ) -> Outcome {
         tracing::warn!(error = %error, "store unavailable; deferring the job");
         let until = self.clock.now() + self.policy.ceiling(1);
         self.defer(delivery, until).await
@@ -733,6 +1032,17 @@ where
             Ok(()) => Outcome::Deferred { until },
             Err(e) => unsettled("defer", &e),
         }
+    }
+
+    /// Counts one job of `kind` in the counter `name`.
+    pub(crate) fn count(&self, name: &'static str, kind: &Kind) {
+        metrics::counter!(name, self.labels(kind)).increment(1);
+    }
+
+    /// Records the handler's time for a job of `kind` that started at `started`.
+    pub(crate) fn timed(&self, kind: &Kind, started: Instant) {
+        metrics::histogram!("jobs_handler_seconds", self.labels(kind))
+            .record(started.elapsed().as_secs_f64());
     }
 
     fn labels(&self, kind: &Kind) -> Vec<metrics::Label> {
@@ -764,4 +1074,65 @@ fn unsettled(what: &str, error: &QueueError) -> Outcome {
     Outcome::Unsettled {
         error: format!("{what} failed: {error}"),
     }
+}
+
+/// A delivery decoded and matched to its handler, ready to run in a work transaction.
+pub(crate) struct Ready<Tx: Send> {
+    pub(crate) prepared: Box<dyn Prepared<Tx>>,
+    pub(crate) salvage: Salvage,
+    pub(crate) kind: Kind,
+    pub(crate) job_id: JobId,
+    /// [`Handler::RERUNNABLE`] of its handler.
+    pub(crate) rerunnable: bool,
+}
+
+/// A delivery that can only be dead-lettered, and why.
+pub(crate) struct Reject {
+    pub(crate) salvage: Salvage,
+    pub(crate) reason: DeadReason,
+    pub(crate) error: String,
+}
+
+/// Runs a prepared job, turning a panic into a retryable failure that names it.
+pub(crate) async fn run_caught<Tx: Send>(
+    prepared: Box<dyn Prepared<Tx>>,
+    tx: &mut Tx,
+) -> Result<(), JobError> {
+    AssertUnwindSafe(prepared.run(tx))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic payload".to_owned());
+            tracing::error!(panic = %message, "handler panicked");
+            Err(JobError::retry(format!("handler panicked: {message}")))
+        })
+}
+
+/// The next group from the front of `buffer`: a delivery whose previous lease expired
+/// unsettled ([`Delivery::expired`]) alone, else the first deliveries up to `size`, stopping
+/// before such a one. A job that crashed its process (and so its group) thus runs alone from
+/// then on, and cannot take neighbours down with it again.
+pub(crate) fn next_group(buffer: &mut VecDeque<Delivery>, size: usize) -> Vec<Delivery> {
+    let mut group = Vec::with_capacity(size.min(buffer.len()));
+    while let Some(delivery) = buffer.pop_front() {
+        let alone = delivery.expired;
+        if alone && !group.is_empty() {
+            buffer.push_front(delivery);
+            break;
+        }
+        group.push(delivery);
+        if alone || group.len() >= size {
+            break;
+        }
+    }
+    group
+}
+
+/// Waits until every task of `in_flight` has finished.
+async fn join_all(in_flight: &mut JoinSet<()>) {
+    while in_flight.join_next().await.is_some() {}
 }

@@ -7,10 +7,12 @@
 //! - [`Envelope`]: `{ job_id, tenant_id, correlation_id, kind, data }`, decoded only through
 //!   the strict [`Envelope::decode`], whose errors name the field at fault.
 //! - [`QueuePort`]: publish and schedule. [`ConsumerPort`]: receive with a lease, ack, retry
-//!   at a time, defer, extend. [`QueueDepth`]: an optional capability.
+//!   at a time, defer, extend. [`QueueDepth`]: an optional capability. [`SettleInTransaction`]:
+//!   the capability of a queue in the store's own database, settling inside the work
+//!   transaction.
 //! - [`WorkStore`] and [`WorkTransaction`]: the idempotent work transaction over
-//!   `core.processed_jobs`. [`DeadLetterStore`]: `core.dead_letters`. [`ProcessedJobs`]: TTL
-//!   cleanup.
+//!   `core.processed_jobs`; [`GroupTransaction`], one holding a group of jobs.
+//!   [`DeadLetterStore`]: `core.dead_letters`. [`ProcessedJobs`]: TTL cleanup.
 //! - [`RateLimiter`]: token buckets per provider and per tenant. [`TenantDirectory`]: the
 //!   tenants a cron fan-out reaches.
 //! - [`Alerter`]: raising alerts. [`Clock`]: time as a port, with [`ManualClock`] for tests.
@@ -47,7 +49,7 @@ pub use id::{CorrelationId, JobId, TenantId, UUID_PATTERN, UUIDV7_PATTERN, UuidE
 pub use name::{ConsumerName, Kind, MAX_NAME_LEN, NAME_PATTERN, NameError, QueueName, Rail};
 pub use queue::{
     ConsumerPort, Delivery, Depth, Lease, PublishOptions, QueueDepth, QueueError, QueuePort,
-    Receipt,
+    Receipt, SettleInTransaction, Settlement,
 };
 #[cfg(feature = "mock")]
 pub use queue::{MockConsumerPort, MockQueueDepth, MockQueuePort};
@@ -56,7 +58,8 @@ pub use rate::MockRateLimiter;
 pub use rate::{Acquired, Bucket, BucketKey, RateLimitError, RateLimiter};
 pub use store::{
     Claim, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
-    NewDeadLetter, ProcessedJobs, Recorded, StoreError, Transition, WorkStore, WorkTransaction,
+    GroupTransaction, NewDeadLetter, ProcessedJobs, Recorded, StoreError, Transition, WorkStore,
+    WorkTransaction,
 };
 #[cfg(feature = "mock")]
 pub use store::{MockDeadLetterStore, MockProcessedJobs};

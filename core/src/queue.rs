@@ -15,6 +15,7 @@ use thiserror::Error;
 use crate::envelope::Envelope;
 use crate::error::ErrorClass;
 use crate::name::QueueName;
+use crate::store::{StoreError, WorkStore};
 
 /// How a job is published.
 ///
@@ -182,6 +183,11 @@ pub struct Delivery {
     pub message_id: Option<String>,
     /// The right to settle this delivery.
     pub lease: Lease,
+    /// The previous delivery was not settled before its lease ran out: its worker was too
+    /// slow, or died on it. A runtime runs such a delivery on its own, so that a job that
+    /// crashes its process cannot take other jobs with it. `false` where the transport cannot
+    /// tell.
+    pub expired: bool,
 }
 
 impl Delivery {
@@ -192,7 +198,15 @@ impl Delivery {
             attempt,
             message_id,
             lease,
+            expired: false,
         }
+    }
+
+    /// The same delivery, marked as coming after a lease that expired unsettled when
+    /// `expired` says so.
+    pub fn after_expiry(mut self, expired: bool) -> Self {
+        self.expired = expired;
+        self
     }
 
     /// The queue the message came from.
@@ -249,6 +263,52 @@ pub trait ConsumerPort: Send + Sync {
         let _ = queue;
         std::future::pending::<()>().await;
     }
+}
+
+/// How a grouped worker settles one delivery inside the work transaction
+/// ([`SettleInTransaction::settle`]). A dead letter is an [`Settlement::Ack`] in the transaction
+/// that records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settlement {
+    /// Done for good: processed, a duplicate, or dead-lettered in the same transaction.
+    Ack,
+    /// Another attempt at this time; the next delivery counts one attempt more.
+    RetryAt(SystemTime),
+    /// Back at this time without spending an attempt.
+    Defer(SystemTime),
+}
+
+/// The capability of a queue kept in the store's own database: deliveries are held and
+/// settled by statements inside the work transaction, so a job's ack commits with its claim
+/// and its handler's writes, and one transaction can carry a whole group of jobs.
+///
+/// A worker is given it by type when it is built (`WorkerBuilder::grouped` in
+/// `jobs-consumers`), never discovered at run time, so a layer that does not forward it cannot
+/// drop it silently: such a layer simply does not implement this trait. The leases themselves
+/// come from the queue's [`ConsumerPort::receive`], committed on their own, so a crash still
+/// counts the attempt.
+#[async_trait]
+pub trait SettleInTransaction<S: WorkStore>: ConsumerPort {
+    /// `Ok` when `store`'s transactions run on this queue's database, so that a statement of
+    /// this queue inside them is atomic with the claim; else why not, for the worker's build to
+    /// refuse.
+    fn shares_transactions_with(&self, store: &S) -> Result<(), String>;
+
+    /// Locks the messages of `leases` in `tx` until it ends, answering for each whether its
+    /// lease still holds (the delivery is the message's latest and is unsettled). A held
+    /// message cannot be delivered to anyone else while `tx` is open, even past its lease's
+    /// expiry; a message not held must not be handled.
+    async fn hold(&self, tx: &mut S::Tx, leases: &[Lease]) -> Result<Vec<bool>, StoreError>;
+
+    /// Settles held deliveries in `tx`: each settlement takes effect if and only if `tx`
+    /// commits. Fails, and the transaction must then be rolled back, if one of them is not
+    /// held.
+    async fn settle(
+        &self,
+        tx: &mut S::Tx,
+        settlements: &[(Lease, Settlement)],
+    ) -> Result<(), StoreError>;
 }
 
 /// How many messages a queue holds, for priority decisions and operators.

@@ -66,6 +66,45 @@ pub trait WorkTransaction: Send + 'static {
         Self: Sized;
 }
 
+/// A work transaction that holds several jobs at once, each of which can be undone alone: what
+/// a grouped worker needs of its store (see [`SettleInTransaction`](crate::SettleInTransaction)).
+///
+/// The worker claims the whole group with [`claim_all`](Self::claim_all) and runs the jobs
+/// one after another. Before a job whose failure must not take earlier writes with it, it takes
+/// a [`checkpoint`](Self::checkpoint); a job that fails is [undone](Self::undo) back to it and
+/// its claim [released](Self::unclaim), so its partial writes never commit and its neighbours'
+/// are kept. [`take_touched`](Self::take_touched) tells the worker whether a handler wrote at
+/// all, so that handlers that write nothing cost no checkpoint. Engines implement checkpoints
+/// with savepoints.
+#[async_trait]
+pub trait GroupTransaction: WorkTransaction {
+    /// [`WorkTransaction::claim`] for every job of `job_ids`, in one statement where the engine
+    /// allows, answering in the same order. A job id repeated in `job_ids` is claimed by its
+    /// first occurrence; the later ones answer [`Claim::AlreadyProcessed`].
+    async fn claim_all(
+        &mut self,
+        job_ids: &[JobId],
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Vec<Claim>, StoreError>;
+
+    /// Whether a handler reached the transaction's connection since the last call (or the
+    /// start): the runtime's own statements do not count.
+    fn take_touched(&mut self) -> bool;
+
+    /// Keeps every write made so far: a later [`undo`](Self::undo) goes back to here and no
+    /// further. Replaces the previous checkpoint.
+    async fn checkpoint(&mut self) -> Result<(), StoreError>;
+
+    /// Discards every write since the last [`checkpoint`](Self::checkpoint), and recovers the
+    /// transaction if one of those writes failed. Without a checkpoint it fails.
+    async fn undo(&mut self) -> Result<(), StoreError>;
+
+    /// Deletes the claim of `(job_id, consumer)` taken in this transaction, so that a job that
+    /// failed and will be retried is not skipped as processed.
+    async fn unclaim(&mut self, job_id: JobId, consumer: &ConsumerName) -> Result<(), StoreError>;
+}
+
 /// Where work transactions come from.
 #[async_trait]
 pub trait WorkStore: Send + Sync + 'static {
@@ -288,10 +327,20 @@ pub trait DeadLetterStore: Send + Sync {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The store could not be reached or failed transiently (connection, timeout, deadlock,
-    /// serialization failure): the same operation may succeed later.
+    /// The store could not be reached or failed transiently (connection, timeout, the server
+    /// shutting down): the same operation may succeed later.
     #[error("store unavailable: {message}")]
     Unavailable {
+        /// What failed.
+        message: String,
+        /// The engine's error.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The transaction lost a conflict with a concurrent one (a deadlock, a serialization
+    /// failure) and was aborted: running it again from the start may succeed.
+    #[error("store conflict: {message}")]
+    Conflict {
         /// What failed.
         message: String,
         /// The engine's error.
@@ -330,7 +379,7 @@ impl StoreError {
     /// Whether the same operation may succeed later.
     pub fn class(&self) -> ErrorClass {
         match self {
-            StoreError::Unavailable { .. } => ErrorClass::Retryable,
+            StoreError::Unavailable { .. } | StoreError::Conflict { .. } => ErrorClass::Retryable,
             StoreError::Failed { .. } => ErrorClass::Permanent,
         }
     }

@@ -4,7 +4,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use jobs_core::{ConsumerPort, Delivery, Lease, QueueDepth, QueueError, QueueName};
+use jobs_core::{
+    ConsumerPort, Delivery, Lease, QueueDepth, QueueError, QueueName, SettleInTransaction,
+    Settlement, StoreError, WorkStore,
+};
 
 use crate::{Gate, PriorityGate};
 
@@ -14,19 +17,21 @@ use crate::{Gate, PriorityGate};
 /// dropped, messages simply wait in their queue.
 ///
 /// Being a [`ConsumerPort`] itself, it composes with any worker: the runtime polls as usual and
-/// sees an empty marketing queue while paused.
-pub struct TransactionalFirst {
-    inner: Arc<dyn ConsumerPort>,
+/// sees an empty marketing queue while paused. Over a queue that settles inside the work
+/// transaction it forwards that capability too ([`SettleInTransaction`]), so a grouped worker
+/// stays grouped behind the gate.
+pub struct TransactionalFirst<C: ?Sized = dyn ConsumerPort> {
+    inner: Arc<C>,
     depth: Arc<dyn QueueDepth>,
     transactional: QueueName,
     gate: Mutex<PriorityGate>,
 }
 
-impl TransactionalFirst {
+impl<C: ?Sized> TransactionalFirst<C> {
     /// Pauses fetching from `inner` while `transactional`'s depth is above the gate's pause
     /// threshold, until it falls to its resume threshold.
     pub fn new(
-        inner: Arc<dyn ConsumerPort>,
+        inner: Arc<C>,
         depth: Arc<dyn QueueDepth>,
         transactional: QueueName,
         gate: PriorityGate,
@@ -50,7 +55,7 @@ impl TransactionalFirst {
 }
 
 #[async_trait]
-impl ConsumerPort for TransactionalFirst {
+impl<C: ConsumerPort + ?Sized> ConsumerPort for TransactionalFirst<C> {
     async fn receive(
         &self,
         queue: &QueueName,
@@ -84,5 +89,29 @@ impl ConsumerPort for TransactionalFirst {
     /// it, which is soon enough for the rail that waits by design.
     async fn wait_for_work(&self, queue: &QueueName) {
         self.inner.wait_for_work(queue).await;
+    }
+}
+
+/// The settling side passes through: a paused gate only stops fetching.
+#[async_trait]
+impl<S, C> SettleInTransaction<S> for TransactionalFirst<C>
+where
+    S: WorkStore,
+    C: SettleInTransaction<S> + ?Sized,
+{
+    fn shares_transactions_with(&self, store: &S) -> Result<(), String> {
+        self.inner.shares_transactions_with(store)
+    }
+
+    async fn hold(&self, tx: &mut S::Tx, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        self.inner.hold(tx, leases).await
+    }
+
+    async fn settle(
+        &self,
+        tx: &mut S::Tx,
+        settlements: &[(Lease, Settlement)],
+    ) -> Result<(), StoreError> {
+        self.inner.settle(tx, settlements).await
     }
 }

@@ -1,5 +1,7 @@
 //! A PostgreSQL handler whose business write commits together with the job's
-//! `processed_jobs` claim, so a job delivered twice books its invoice once.
+//! `processed_jobs` claim, so a job delivered twice books its invoice once; the queue is the
+//! PostgreSQL queue on the store's own pool, so the worker runs grouped (many jobs per
+//! transaction, each acked in it).
 //!
 //! Run it against a database you can write to (it creates `core.*` and `booked_invoices`):
 //!
@@ -11,9 +13,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use async_trait::async_trait;
-use jobs_adapter_memory::MemoryQueue;
-use jobs_adapter_postgres::{PgStore, PgWorkTx, sqlx};
-use jobs_consumers::{Handler, Job, JobError, Worker};
+use jobs_adapter_postgres::{PgQueue, PgStore, PgWorkTx, sqlx};
+use jobs_consumers::{Handler, Job, JobError, Worker, WorkerConfig};
 use jobs_core::{ConsumerName, Envelope, PublishOptions, QueueName, QueuePort};
 use serde::Deserialize;
 
@@ -44,22 +45,30 @@ impl Handler<PgWorkTx> for BookInvoice {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let url = std::env::var("DATABASE_URL")?;
-    let store = PgStore::connect(&url).await?;
+    let config = WorkerConfig::default();
+    // One pool for queue and store, sized for the worker.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(config.connections())
+        .connect(&url)
+        .await?;
+    let store = PgStore::from_pool(pool.clone());
     store.migrate().await?;
     sqlx::query("create table if not exists booked_invoices (invoice bigint, job_id uuid)")
         .execute(store.pool())
         .await?;
 
-    let queue = MemoryQueue::default();
+    let queue = Arc::new(PgQueue::new(pool));
     let name: QueueName = "billing.invoices".parse()?;
     let worker = Worker::builder(
         ConsumerName::try_from("billing.booker")?,
         name.clone(),
-        Arc::new(queue.clone()),
+        queue.clone(),
         Arc::new(store.clone()),
         Arc::new(store.clone()),
     )
+    .grouped(queue.clone())
     .handler("billing.invoice_issued".parse()?, BookInvoice)
+    .config(config)
     .build()?;
 
     let envelope = Envelope::new(

@@ -22,7 +22,8 @@
 //! | alerter | `betterstack` | [`BetterStackAlerter`] from the `betterstack.*` keys |
 //!
 //! Adding a transport is one match arm in [`Queue::connect`] (and its scheme in
-//! [`QUEUE_SCHEMES`]).
+//! [`QUEUE_SCHEMES`]). A grouped PostgreSQL worker takes its store and queue from
+//! [`postgres_worker`] instead: one pool for both, sized for the worker.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,6 +38,7 @@ use jobs_adapter_qstash::{Destination, QStashConfig, QStashQueue, SigningKeys};
 use jobs_adapter_redis::{CountedQueue, DEFAULT_HORIZON, RedisRateLimiter};
 use jobs_adapter_sqlite::SqliteStore;
 use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueuesConfig};
+use jobs_consumers::WorkerConfig;
 use jobs_core::{
     Alert, AlertError, Alerter, ConsumerPort, DeadLetterStore, ProcessedJobs, QueueDepth,
     QueuePort, RateLimiter, StoreError, SystemClock,
@@ -631,6 +633,32 @@ impl Store {
             Store::Sqlite(s) => Arc::new(s.clone()),
             Store::Postgres(s) => Arc::new(s.clone()),
         }
+    }
+}
+
+/// The store and queue of a grouped PostgreSQL worker (`WorkerBuilder::grouped`): the
+/// PostgreSQL queue in [`DATABASE_URL`]'s own database, on the store's pool, sized for
+/// `worker` ([`WorkerConfig::connections`]: one connection per concurrent group, plus
+/// fetching, settlements outside a transaction and the wake-up listener). The schema must be
+/// migrated (`jobsctl migrate`).
+pub async fn postgres_worker(
+    config: &Config,
+    worker: &WorkerConfig,
+) -> Result<(PgStore, PgQueue), ComposeError> {
+    let url = config.require(&DATABASE_URL)?;
+    if !matches!(scheme(url), "postgres" | "postgresql") {
+        return Err(config.unsupported(&DATABASE_URL, &["postgres://…", "postgresql://…"]));
+    }
+    let store = PgStore::connect_sized(url, worker.connections())
+        .await
+        .map_err(ComposeError::Store)?;
+    let queue = PgQueue::new(store.pool().clone());
+    match queue.is_migrated().await {
+        Ok(true) => Ok((store, queue)),
+        Ok(false) => Err(ComposeError::Queue(
+            "that database has no core.jobs table: run `jobsctl migrate` on it first".into(),
+        )),
+        Err(e) => Err(ComposeError::Queue(e.to_string())),
     }
 }
 

@@ -15,11 +15,16 @@
 //! 5. a dead letter carries attempts, last_error, queue and correlation_id.
 //!
 //! The suite must have teeth: [`check_mutants_are_caught`] wraps the ports so that one rule at
-//! a time is broken (no claim, ack on receive, poison retried, attempts counted from zero) and
-//! checks that the same property fails for each.
+//! a time is broken (no claim, ack on receive, poison retried, attempts counted from zero, a
+//! failed job's writes kept, a failed job's claim kept) and checks that the same property fails
+//! for each. The handler writes its effect before it fails, so a failure that is not rolled
+//! back (or undone) shows as an effect committed twice.
 //!
 //! A store joins by a [`Backend`]: the store, how a handler writes an effect in its work
-//! transaction, and how to read the committed effects back.
+//! transaction, and how to read the committed effects back. A queue in the store's own
+//! database runs the same model grouped ([`check_grouped_invariants`]): the worker settles
+//! inside its work transactions, and a crash before the ack becomes a group that never
+//! commits.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,12 +35,13 @@ use std::future::Future;
 use std::pin::Pin;
 
 use async_trait::async_trait;
-use jobs_consumers::{DeadLetters, Handler, Job, JobError, RetryPolicy, Worker};
+use jobs_consumers::{DeadLetters, Handler, Job, JobError, RetryPolicy, Worker, WorkerBuilder};
 use jobs_core::{
     Claim, Clock, ConsumerName, ConsumerPort, DeadLetter, DeadLetterFilter, DeadLetterId,
-    DeadLetterStatus, DeadLetterStore, Delivery, Envelope, JobId, Lease, ManualClock,
-    NewDeadLetter, PublishOptions, QueueDepth, QueueError, QueueName, QueuePort, Recorded,
-    StoreError, TenantId, Transition, WorkStore, WorkTransaction,
+    DeadLetterStatus, DeadLetterStore, Delivery, Envelope, GroupTransaction, JobId, Lease,
+    ManualClock, NewDeadLetter, PublishOptions, QueueDepth, QueueError, QueueName, QueuePort,
+    Recorded, SettleInTransaction, Settlement, StoreError, TenantId, Transition, WorkStore,
+    WorkTransaction,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{
@@ -43,6 +49,7 @@ use proptest::test_runner::{
 };
 use serde::Deserialize;
 use serde_json::json;
+use std::sync::atomic::AtomicU64;
 
 const QUEUE: &str = "model.jobs";
 const KIND: &str = "model.job";
@@ -96,6 +103,10 @@ pub enum Mutant {
     RetryPoison,
     /// Every delivery claims to be the first attempt.
     AttemptsFromZero,
+    /// Grouped: a failed job's writes are not undone, so they commit with its group.
+    NoUndo,
+    /// Grouped: a failed job's claim is not released, so its group commits it.
+    KeepClaim,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -212,10 +223,12 @@ impl<Tx: WorkTransaction> Handler<MutantTx<Tx>> for ModelHandler<Tx> {
             .get(&n)
             .and_then(|s| s.get(k).copied())
             .unwrap_or(Step::Ok);
+        // Written before any failure, so a failure must undo it.
+        (self.write_effect)(&mut tx.inner, n.to_string())
+            .await
+            .map_err(|e| JobError::classed(e.class(), e))?;
         match step {
-            Step::Ok => (self.write_effect)(&mut tx.inner, n.to_string())
-                .await
-                .map_err(|e| JobError::classed(e.class(), e)),
+            Step::Ok => Ok(()),
             Step::Retry => Err(JobError::retry("scripted retryable failure")),
             Step::Permanent => Err(JobError::permanent("scripted permanent failure")),
             Step::Panic => panic!("{SCRIPTED_PANIC} {n}"),
@@ -226,16 +239,18 @@ impl<Tx: WorkTransaction> Handler<MutantTx<Tx>> for ModelHandler<Tx> {
     }
 }
 
-/// The store under test, or a mutant of it that never consults `processed_jobs`.
+/// The store under test, or a mutant of it (no claim; grouped: no undo, a claim kept).
 #[derive(Clone)]
 struct MutantStore<S> {
     inner: S,
-    no_claim: bool,
+    mutant: Mutant,
+    stats: Arc<GroupStats>,
 }
 
 struct MutantTx<T> {
     inner: T,
-    no_claim: bool,
+    mutant: Mutant,
+    stats: Arc<GroupStats>,
 }
 
 #[async_trait]
@@ -246,7 +261,7 @@ impl<T: WorkTransaction> WorkTransaction for MutantTx<T> {
         consumer: &ConsumerName,
         at: SystemTime,
     ) -> Result<Claim, StoreError> {
-        if self.no_claim {
+        if self.mutant == Mutant::NoClaim {
             return Ok(Claim::Claimed);
         }
         self.inner.claim(job_id, consumer, at).await
@@ -266,13 +281,52 @@ impl<T: WorkTransaction> WorkTransaction for MutantTx<T> {
 }
 
 #[async_trait]
+impl<T: GroupTransaction> GroupTransaction for MutantTx<T> {
+    async fn claim_all(
+        &mut self,
+        job_ids: &[JobId],
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Vec<Claim>, StoreError> {
+        if self.mutant == Mutant::NoClaim {
+            return Ok(vec![Claim::Claimed; job_ids.len()]);
+        }
+        self.inner.claim_all(job_ids, consumer, at).await
+    }
+
+    fn take_touched(&mut self) -> bool {
+        self.inner.take_touched()
+    }
+
+    async fn checkpoint(&mut self) -> Result<(), StoreError> {
+        self.inner.checkpoint().await
+    }
+
+    async fn undo(&mut self) -> Result<(), StoreError> {
+        self.stats.undone.fetch_add(1, Ordering::Relaxed);
+        if self.mutant == Mutant::NoUndo {
+            return Ok(());
+        }
+        self.inner.undo().await
+    }
+
+    async fn unclaim(&mut self, job_id: JobId, consumer: &ConsumerName) -> Result<(), StoreError> {
+        if self.mutant == Mutant::KeepClaim {
+            return Ok(());
+        }
+        self.inner.unclaim(job_id, consumer).await
+    }
+}
+
+#[async_trait]
 impl<S: WorkStore> WorkStore for MutantStore<S> {
     type Tx = MutantTx<S::Tx>;
 
     async fn begin(&self) -> Result<MutantTx<S::Tx>, StoreError> {
         Ok(MutantTx {
             inner: self.inner.begin().await?,
-            no_claim: self.no_claim,
+            mutant: self.mutant,
+            stats: self.stats.clone(),
         })
     }
 }
@@ -361,7 +415,9 @@ impl ConsumerPort for Wire {
             } else {
                 d.attempt
             };
-            out.push(Delivery::new(d.payload, attempt, d.message_id, d.lease));
+            out.push(
+                Delivery::new(d.payload, attempt, d.message_id, d.lease).after_expiry(d.expired),
+            );
         }
         Ok(out)
     }
@@ -401,6 +457,133 @@ impl ConsumerPort for Wire {
     }
 }
 
+/// What the grouped model exercised, counted over every case: the proof that a run reached
+/// groups at all.
+#[derive(Debug, Default)]
+pub struct GroupStats {
+    /// Groups of two jobs or more that settled in their transaction.
+    pub groups: AtomicU64,
+    /// Retries and deferrals settled inside a group.
+    pub released: AtomicU64,
+    /// Failed jobs undone back to their checkpoint.
+    pub undone: AtomicU64,
+    /// Groups that died after settling and never committed (an injected crash).
+    pub crashed: AtomicU64,
+}
+
+impl GroupStats {
+    /// `(groups, released, undone, crashed)`.
+    pub fn counts(&self) -> (u64, u64, u64, u64) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        (
+            get(&self.groups),
+            get(&self.released),
+            get(&self.undone),
+            get(&self.crashed),
+        )
+    }
+}
+
+/// The grouped transport as the runtime sees it: the [`Wire`] for fetching and for what
+/// settles outside a transaction, and the queue's own settlement inside the work transaction,
+/// recorded like the wire records its retries, and crashing on cue after settling.
+struct GroupWire<S: WorkStore> {
+    wire: Arc<Wire>,
+    inner: Arc<dyn SettleInTransaction<S>>,
+    stats: Arc<GroupStats>,
+}
+
+#[async_trait]
+impl<S: WorkStore> ConsumerPort for GroupWire<S> {
+    async fn receive(
+        &self,
+        q: &QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        self.wire.receive(q, max, lease).await
+    }
+
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+        self.wire.ack(lease).await
+    }
+
+    async fn retry_at(&self, lease: &Lease, at: SystemTime) -> Result<(), QueueError> {
+        self.wire.retry_at(lease, at).await
+    }
+
+    async fn defer(&self, lease: &Lease, until: SystemTime) -> Result<(), QueueError> {
+        self.wire.defer(lease, until).await
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
+        self.wire.extend(lease, by).await
+    }
+
+    async fn wait_for_work(&self, q: &QueueName) {
+        self.wire.wait_for_work(q).await;
+    }
+}
+
+#[async_trait]
+impl<S: WorkStore> SettleInTransaction<MutantStore<S>> for GroupWire<S> {
+    fn shares_transactions_with(&self, store: &MutantStore<S>) -> Result<(), String> {
+        self.inner.shares_transactions_with(&store.inner)
+    }
+
+    async fn hold(
+        &self,
+        tx: &mut MutantTx<S::Tx>,
+        leases: &[Lease],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.inner.hold(&mut tx.inner, leases).await
+    }
+
+    async fn settle(
+        &self,
+        tx: &mut MutantTx<S::Tx>,
+        settlements: &[(Lease, Settlement)],
+    ) -> Result<(), StoreError> {
+        self.inner.settle(&mut tx.inner, settlements).await?;
+        if self.wire.lose_next_ack.swap(false, Ordering::SeqCst) {
+            self.stats.crashed.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::unavailable("the worker died before the commit"));
+        }
+        if settlements.len() > 1 {
+            self.stats.groups.fetch_add(1, Ordering::Relaxed);
+        }
+        for (lease, settlement) in settlements {
+            match settlement {
+                Settlement::RetryAt(at) => {
+                    self.stats.released.fetch_add(1, Ordering::Relaxed);
+                    if let Some((attempt, payload)) = self.wire.payload(lease) {
+                        lock(&self.wire.retries).push(RetryRecord {
+                            attempt,
+                            now: self.wire.clock.now(),
+                            at: *at,
+                            payload,
+                        });
+                    }
+                }
+                Settlement::Defer(_) => {
+                    self.stats.released.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a case's worker is built beyond the common parts: as it is, or grouped.
+type Shape<S> = Box<
+    dyn FnOnce(
+        WorkerBuilder<MutantStore<S>>,
+        Arc<Wire>,
+        Arc<GroupStats>,
+    ) -> WorkerBuilder<MutantStore<S>>,
+>;
+
 /// A job of `kind` for the model's one tenant, with a fresh correlation id.
 fn envelope(kind: &str, data: serde_json::Value) -> Envelope {
     let tenant: TenantId = "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90"
@@ -439,7 +622,13 @@ impl<S> System<S>
 where
     S: WorkStore + DeadLetterStore + Clone,
 {
-    fn new(backend: Backend<S>, queue: Transport, mutant: Mutant) -> System<S> {
+    fn new(
+        backend: Backend<S>,
+        queue: Transport,
+        mutant: Mutant,
+        shape: Shape<S>,
+        stats: Arc<GroupStats>,
+    ) -> System<S> {
         let clock = queue.clock.clone();
         let store = backend.store;
         let transport = Arc::new(Wire {
@@ -455,29 +644,31 @@ where
         let log: Arc<Mutex<HandlerLog>> = Arc::default();
         let mutant_store = MutantStore {
             inner: store.clone(),
-            no_claim: mutant == Mutant::NoClaim,
+            mutant,
+            stats: stats.clone(),
         };
         let name: QueueName = QUEUE.parse().expect("valid");
-        let worker = Worker::builder(
+        let builder = Worker::builder(
             ConsumerName::try_from("model.consumer").expect("valid"),
             name.clone(),
             transport.clone(),
             Arc::new(mutant_store.clone()),
             Arc::new(mutant_store),
-        )
-        .handler(
-            KIND.parse().expect("valid"),
-            ModelHandler {
-                scripts: scripts.clone(),
-                log: log.clone(),
-                write_effect: backend.write_effect,
-                effects: backend.effects.clone(),
-                clock: clock.clone(),
-            },
-        )
-        .clock(Arc::new(clock.clone()))
-        .build()
-        .expect("a valid worker");
+        );
+        let worker = shape(builder, transport.clone(), stats)
+            .handler(
+                KIND.parse().expect("valid"),
+                ModelHandler {
+                    scripts: scripts.clone(),
+                    log: log.clone(),
+                    write_effect: backend.write_effect,
+                    effects: backend.effects.clone(),
+                    clock: clock.clone(),
+                },
+            )
+            .clock(Arc::new(clock.clone()))
+            .build()
+            .expect("a valid worker");
         let ops = DeadLetters::new(Arc::new(store.clone()), queue.publisher.clone())
             .with_clock(Arc::new(clock.clone()));
         System {
@@ -775,11 +966,16 @@ const SCRIPTED_PANIC: &str = "scripted panic in job";
 
 /// Runs `events` against a fresh system from `setup` with `mutant`; `Err` names the broken
 /// invariant.
-fn run_model<S, F, Fut>(events: &[Event], mutant: Mutant, setup: &F) -> Result<(), String>
+fn run_model<S, F, Fut>(
+    events: &[Event],
+    mutant: Mutant,
+    setup: &F,
+    stats: &Arc<GroupStats>,
+) -> Result<(), String>
 where
     S: WorkStore + DeadLetterStore + Clone,
     F: Fn() -> Fut,
-    Fut: Future<Output = (Backend<S>, Transport)>,
+    Fut: Future<Output = (Backend<S>, Transport, Shape<S>)>,
 {
     quiet_scripted_panics();
     tokio::runtime::Builder::new_current_thread()
@@ -787,8 +983,8 @@ where
         .build()
         .expect("a runtime")
         .block_on(async {
-            let (backend, transport) = setup().await;
-            let mut system = System::new(backend, transport, mutant);
+            let (backend, transport, shape) = setup().await;
+            let mut system = System::new(backend, transport, mutant, shape, stats.clone());
             for (i, event) in events.iter().enumerate() {
                 system.apply(event).await;
                 system
@@ -819,7 +1015,77 @@ pub fn check_invariants<S, F, Fut>(cases: u32, setup: F)
 where
     S: WorkStore + DeadLetterStore + Clone,
     F: Fn() -> Fut,
-    Fut: Future<Output = (Backend<S>, Transport)>,
+    Fut: Future<Output = (Backend<S>, Transport)> + 'static,
+{
+    check(cases, &per_job(setup), &Arc::default());
+}
+
+/// [`check_invariants`] with the worker grouped over `queue` (from `setup`), a queue in the
+/// store's own database: several jobs per work transaction, settled in it. Answers what the
+/// runs exercised of groups, for the caller to show (and to check it is not nothing).
+pub fn check_grouped_invariants<S, Q, F, Fut>(cases: u32, setup: F) -> Arc<GroupStats>
+where
+    S: WorkStore + DeadLetterStore + Clone,
+    S::Tx: GroupTransaction,
+    Q: SettleInTransaction<S> + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = (Backend<S>, Transport, Arc<Q>)> + 'static,
+{
+    let stats = Arc::default();
+    check(cases, &grouped(setup), &stats);
+    stats
+}
+
+/// One case's system parts, built in the case's own (single-threaded) runtime.
+type Case<S> = Pin<Box<dyn Future<Output = (Backend<S>, Transport, Shape<S>)>>>;
+
+/// A setup whose worker runs per job.
+fn per_job<S, F, Fut>(setup: F) -> impl Fn() -> Case<S>
+where
+    S: WorkStore + DeadLetterStore + Clone,
+    F: Fn() -> Fut,
+    Fut: Future<Output = (Backend<S>, Transport)> + 'static,
+{
+    move || {
+        let setup = setup();
+        Box::pin(async move {
+            let (backend, transport) = setup.await;
+            let shape: Shape<S> = Box::new(|builder, _, _| builder);
+            (backend, transport, shape)
+        })
+    }
+}
+
+/// A setup whose worker runs grouped over the queue `setup` gives.
+fn grouped<S, Q, F, Fut>(setup: F) -> impl Fn() -> Case<S>
+where
+    S: WorkStore + DeadLetterStore + Clone,
+    S::Tx: GroupTransaction,
+    Q: SettleInTransaction<S> + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = (Backend<S>, Transport, Arc<Q>)> + 'static,
+{
+    move || {
+        let setup = setup();
+        Box::pin(async move {
+            let (backend, transport, queue) = setup.await;
+            let shape: Shape<S> = Box::new(move |builder, wire, stats| {
+                builder.grouped(Arc::new(GroupWire {
+                    wire,
+                    inner: queue,
+                    stats,
+                }))
+            });
+            (backend, transport, shape)
+        })
+    }
+}
+
+fn check<S, F, Fut>(cases: u32, setup: &F, stats: &Arc<GroupStats>)
+where
+    S: WorkStore + DeadLetterStore + Clone,
+    F: Fn() -> Fut,
+    Fut: Future<Output = (Backend<S>, Transport, Shape<S>)>,
 {
     let config = Config {
         cases,
@@ -832,37 +1098,74 @@ where
     };
     let mut runner = TestRunner::new(config);
     let result = runner.run(&events(), |events| {
-        run_model(&events, Mutant::None, &setup).map_err(TestCaseError::fail)
+        run_model(&events, Mutant::None, setup, stats).map_err(TestCaseError::fail)
     });
     if let Err(error) = result {
         panic!("{error}");
     }
 }
 
-/// Checks that each [`Mutant`] breaks an invariant within 256 sequences of a fixed seed: the
-/// suite's proof that it would notice those bugs. Returns what caught each mutant.
+/// Checks that each [`Mutant`] of the per-job runtime breaks an invariant within 256 sequences
+/// of a fixed seed: the suite's proof that it would notice those bugs. Returns what caught
+/// each mutant.
 pub fn check_mutants_are_caught<S, F, Fut>(setup: F) -> Vec<(Mutant, String)>
 where
     S: WorkStore + DeadLetterStore + Clone,
     F: Fn() -> Fut,
-    Fut: Future<Output = (Backend<S>, Transport)>,
+    Fut: Future<Output = (Backend<S>, Transport)> + 'static,
+{
+    catch(
+        &[
+            Mutant::NoClaim,
+            Mutant::AckOnReceive,
+            Mutant::RetryPoison,
+            Mutant::AttemptsFromZero,
+        ],
+        &per_job(setup),
+    )
+}
+
+/// [`check_mutants_are_caught`] for the grouped runtime, with its own mutants too: a failed
+/// job's writes kept ([`Mutant::NoUndo`]) and its claim kept ([`Mutant::KeepClaim`]).
+pub fn check_grouped_mutants_are_caught<S, Q, F, Fut>(setup: F) -> Vec<(Mutant, String)>
+where
+    S: WorkStore + DeadLetterStore + Clone,
+    S::Tx: GroupTransaction,
+    Q: SettleInTransaction<S> + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = (Backend<S>, Transport, Arc<Q>)> + 'static,
+{
+    catch(
+        &[
+            Mutant::NoClaim,
+            Mutant::AttemptsFromZero,
+            Mutant::NoUndo,
+            Mutant::KeepClaim,
+        ],
+        &grouped(setup),
+    )
+}
+
+fn catch<S, F, Fut>(mutants: &[Mutant], setup: &F) -> Vec<(Mutant, String)>
+where
+    S: WorkStore + DeadLetterStore + Clone,
+    F: Fn() -> Fut,
+    Fut: Future<Output = (Backend<S>, Transport, Shape<S>)>,
 {
     let mut caught = vec![];
-    for mutant in [
-        Mutant::NoClaim,
-        Mutant::AckOnReceive,
-        Mutant::RetryPoison,
-        Mutant::AttemptsFromZero,
-    ] {
+    for &mutant in mutants {
         let config = Config {
             cases: 256,
             failure_persistence: None,
+            // Caught is enough: the first failing sequence, not the smallest.
+            max_shrink_iters: 0,
             ..Config::default()
         };
         let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
         let mut runner = TestRunner::new_with_rng(config, rng);
+        let stats = Arc::default();
         let result = runner.run(&events(), |events| {
-            run_model(&events, mutant, &setup).map_err(TestCaseError::fail)
+            run_model(&events, mutant, setup, &stats).map_err(TestCaseError::fail)
         });
         match result {
             Err(TestError::Fail(reason, _)) => caught.push((mutant, reason.to_string())),

@@ -317,18 +317,23 @@ impl ConsumerPort for MemoryQueue {
             .collect();
         let mut deliveries = Vec::with_capacity(due.len());
         for id in due {
+            // Still leased when due again: its lease expired unsettled.
+            let expired = queue.messages.get(&id).is_some_and(|m| m.leased);
             queue.make_visible_at(id, expires_at, true);
             let Some(message) = queue.messages.get_mut(&id) else {
                 continue;
             };
             message.deliveries += 1;
             message.generation += 1;
-            deliveries.push(Delivery::new(
-                message.payload.clone(),
-                message.deliveries,
-                Some(message_id(id)),
-                Lease::new(name.clone(), token(id, message.generation), expires_at),
-            ));
+            deliveries.push(
+                Delivery::new(
+                    message.payload.clone(),
+                    message.deliveries,
+                    Some(message_id(id)),
+                    Lease::new(name.clone(), token(id, message.generation), expires_at),
+                )
+                .after_expiry(expired),
+            );
         }
         Ok(deliveries)
     }

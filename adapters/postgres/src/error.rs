@@ -8,6 +8,14 @@ use jobs_core::StoreError;
 /// connections.
 const TRANSIENT_SQLSTATES: [&str; 6] = ["40001", "40P01", "57P01", "57P02", "57P03", "53300"];
 
+/// The SQLSTATEs of a transaction aborted by a conflict with another: serialization failure
+/// and deadlock. Running the whole transaction again may succeed.
+const CONFLICT_SQLSTATES: [&str; 2] = ["40001", "40P01"];
+
+fn is_conflict(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|code| CONFLICT_SQLSTATES.contains(&&*code)))
+}
+
 /// Whether `e` is worth retrying: pool exhaustion or closing, I/O (connection refused, reset,
 /// closed), a connection exception (SQLSTATE class 08) or one of [`TRANSIENT_SQLSTATES`].
 pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
@@ -20,12 +28,16 @@ pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     }
 }
 
-/// `what` failed with `e`, classified by [`is_transient`]; the sqlx error is kept as source.
+/// `what` failed with `e`: a conflict ([`CONFLICT_SQLSTATES`]) is [`StoreError::Conflict`],
+/// else classified by [`is_transient`]; the sqlx error is kept as source.
 pub(crate) fn store_error(what: &str, e: sqlx::Error) -> StoreError {
     let message = format!("{what}: {e}");
+    let conflict = is_conflict(&e);
     let transient = is_transient(&e);
     let source = Some(Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
-    if transient {
+    if conflict {
+        StoreError::Conflict { message, source }
+    } else if transient {
         StoreError::Unavailable { message, source }
     } else {
         StoreError::Failed { message, source }

@@ -15,7 +15,8 @@
 //! With the feature `queue`, the crate is also a transport (ADR 0011): [`PgQueue`] implements
 //! `QueuePort`, `ConsumerPort` and `QueueDepth` over `core.jobs` (batches fetched with
 //! `FOR UPDATE SKIP LOCKED`, leases fenced by a generation, delete on ack), with
-//! [`PgQueue::publish_in`] and [`PgQueue::consume_batch`] joining a transaction, and
+//! [`PgQueue::publish_in`] joining the caller's transaction, and `SettleInTransaction` for
+//! [`PgStore`], so a grouped worker holds, runs and settles many jobs in one work transaction;
 //! [`Outbox`] / [`OutboxRelay`] publish atomically with a business write to any other transport.
 //! The feature's tables are created by the same migrations.
 //!
@@ -58,7 +59,7 @@ pub use partitions::{
     MonthlyPartition, PartitionError, PartitionPrecreation, precreate_monthly_partitions,
 };
 #[cfg(feature = "queue")]
-pub use queue::{Batch, BatchError, BatchHandler, NewJob, PgQueue, Wake, Wakeups};
+pub use queue::{LEASE_STATEMENT, NewJob, PgQueue, Wake, Wakeups};
 /// The sqlx this crate is built with: handlers write through [`PgWorkTx::conn`] with it, so
 /// they need the same version.
 pub use sqlx;
@@ -90,6 +91,18 @@ impl PgStore {
     /// [`PgPool`] yourself and use [`PgStore::from_pool`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let pool = PgPool::connect(url)
+            .await
+            .map_err(|e| store_error("connect to PostgreSQL", e))?;
+        Ok(PgStore { pool })
+    }
+
+    /// Connects a pool of at most `connections` connections (sqlx's defaults otherwise) and
+    /// checks one: for a worker whose queue shares the pool, `WorkerConfig::connections` in
+    /// `jobs-consumers` says how many it needs.
+    pub async fn connect_sized(url: &str, connections: u32) -> Result<Self, StoreError> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(connections)
+            .connect(url)
             .await
             .map_err(|e| store_error("connect to PostgreSQL", e))?;
         Ok(PgStore { pool })

@@ -9,19 +9,20 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use jobs_core::{
-    Clock, ConsumerName, ConsumerPort, Delivery, Depth, Envelope, JobId, Lease, PublishOptions,
-    QueueDepth, QueueError, QueueName, QueuePort, Receipt, SystemClock,
+    Clock, ConsumerPort, Delivery, Depth, Envelope, JobId, Lease, PublishOptions, QueueDepth,
+    QueueError, QueueName, QueuePort, Receipt, SettleInTransaction, Settlement, StoreError,
+    SystemClock,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::types::Uuid;
-use sqlx::{Acquire, PgConnection, PgPool, Postgres, Row};
+use sqlx::{PgConnection, PgPool, Postgres, Row};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tracing::Instrument;
 
 use crate::convert::{from_timestamp, to_timestamp};
-use crate::error::is_transient;
+use crate::error::{is_transient, store_error};
+use crate::{PgStore, PgWorkTx};
 
 /// The channel `core.jobs`' insert trigger notifies, with the queue name as payload.
 pub(crate) const CHANNEL: &str = "core_jobs";
@@ -322,146 +323,6 @@ impl PgQueue {
         }
     }
 
-    /// Consumes up to `max` ready jobs of `queue` in one transaction, one commit for the batch.
-    ///
-    /// The transaction deletes the jobs' rows (`FOR UPDATE SKIP LOCKED`), claims them all for
-    /// `consumer` in `core.processed_jobs` with one insert, runs `handler` on its connection for
-    /// each job claimed, in publish order (a job already processed is only acked) and commits. Each job's claim,
-    /// its handler's writes and its ack therefore commit together or not at all.
-    ///
-    /// If a payload does not decode or a handler fails, the whole transaction rolls back and the
-    /// batch's jobs are leased for `lease`, one [`Delivery`] each, in
-    /// [`Batch::fallback`]: hand them to the runtime (`Worker::process`), whose retry policy,
-    /// dead letters and per-job transaction settle them.
-    pub async fn consume_batch(
-        &self,
-        queue: &QueueName,
-        consumer: &ConsumerName,
-        max: usize,
-        lease: Duration,
-        handler: &dyn BatchHandler,
-    ) -> Result<Batch, QueueError> {
-        if max == 0 {
-            return Ok(Batch::default());
-        }
-        let now = self.clock.now();
-        let err = |what: &'static str| move |e| queue_error(queue, what, e);
-        let mut tx = self.pool.begin().await.map_err(err("begin a batch"))?;
-        // One row of two arrays, in publish order, rather than a row per job.
-        let (ids, payloads): (Vec<i64>, Vec<Vec<u8>>) = sqlx::query_as(
-            "with batch as ( \
-                 delete from core.jobs where id = any(array( \
-                     select id from core.jobs where queue = $1 and visible_at <= $2 \
-                     order by visible_at, id limit $3 for update skip locked)) \
-                 returning id, payload) \
-             select coalesce(array_agg(id order by id), '{}'), \
-                    coalesce(array_agg(payload order by id), '{}') \
-             from batch",
-        )
-        .bind(queue.as_str())
-        .bind(timestamp(queue, now)?)
-        .bind(i64::try_from(max).unwrap_or(i64::MAX))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(err("fetch a batch from core.jobs"))?;
-        if ids.is_empty() {
-            return Ok(Batch::default());
-        }
-        let mut envelopes = Vec::with_capacity(ids.len());
-        for payload in &payloads {
-            match Envelope::decode(payload) {
-                Ok(envelope) => envelopes.push(envelope),
-                Err(_) => {
-                    drop(tx);
-                    return self.fallback(queue, &ids, lease).await;
-                }
-            }
-        }
-        let job_ids: Vec<Uuid> = envelopes.iter().map(|e| e.job_id.as_uuid()).collect();
-        // The claimed ids come back as one array, not a row each.
-        let claimed: Vec<Uuid> = sqlx::query_scalar(
-            "with claimed as ( \
-                 insert into core.processed_jobs (job_id, consumer, processed_at) \
-                 select unnest($1::uuid[]), $2, $3 on conflict (job_id, consumer) do nothing \
-                 returning job_id) \
-             select coalesce(array_agg(job_id), '{}') from claimed",
-        )
-        .bind(&job_ids)
-        .bind(consumer.as_str())
-        .bind(timestamp(queue, now)?)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(err("claim a batch in core.processed_jobs"))?;
-        let mut claimed: HashSet<Uuid> = claimed.into_iter().collect();
-        let mut done = 0;
-        for envelope in &envelopes {
-            // A job published twice under two dedup keys runs once.
-            if !claimed.remove(&envelope.job_id.as_uuid()) {
-                continue;
-            }
-            let span = tracing::debug_span!(
-                "job",
-                queue = %queue,
-                consumer = %consumer,
-                job_id = %envelope.job_id,
-                tenant_id = %envelope.tenant_id,
-                correlation_id = %envelope.correlation_id,
-                kind = %envelope.kind,
-            );
-            let conn = tx
-                .acquire()
-                .await
-                .map_err(err("reach the batch's connection"))?;
-            if let Err(e) = handler
-                .handle(conn, envelope)
-                .instrument(span.clone())
-                .await
-            {
-                span.in_scope(|| {
-                    tracing::debug!(error = %e, "handler failed; the batch falls back to one job a transaction");
-                });
-                tx.rollback().await.map_err(err("roll back a batch"))?;
-                return self.fallback(queue, &ids, lease).await;
-            }
-            done += 1;
-        }
-        tx.commit().await.map_err(err("commit a batch"))?;
-        Ok(Batch {
-            done,
-            skipped: ids.len() - done,
-            fallback: vec![],
-        })
-    }
-
-    /// Leases the jobs `ids` still ready, after a batch rolled back.
-    async fn fallback(
-        &self,
-        queue: &QueueName,
-        ids: &[i64],
-        lease: Duration,
-    ) -> Result<Batch, QueueError> {
-        let now = self.clock.now();
-        let rows = sqlx::query(
-            "update core.jobs j set leased = true, visible_at = $3, \
-                 deliveries = j.deliveries + 1, lease_gen = j.lease_gen + 1 \
-             from (select id from core.jobs where id = any($1) and visible_at <= $2 \
-                   for update skip locked) as c \
-             where j.id = c.id \
-             returning j.id, j.payload, j.deliveries, j.lease_gen, j.visible_at",
-        )
-        .bind(ids)
-        .bind(timestamp(queue, now)?)
-        .bind(timestamp(queue, now + lease)?)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| queue_error(queue, "lease a fallen-back batch", e))?;
-        Ok(Batch {
-            done: 0,
-            skipped: 0,
-            fallback: deliveries(queue, rows)?,
-        })
-    }
-
     async fn settle(
         &self,
         lease: &Lease,
@@ -488,6 +349,24 @@ impl PgQueue {
         }
     }
 }
+
+/// The lease of up to `$4` ready jobs of queue `$1` at `$2` until `$3`, in one committed
+/// statement: a new fencing generation, one delivery more. Its commit does not wait for the
+/// WAL flush (`synchronous_commit` off for this statement's transaction): a lease lost to a
+/// server crash only makes its jobs ready again with their earlier attempt count, and any
+/// effect of a lease (a group's commit, an ack) is a later synchronous commit, whose flush
+/// makes the lease durable first. A worker's crash loses nothing of it.
+///
+/// It answers per job its id, payload, deliveries, lease generation, lease end, and whether
+/// it was leased before (a lease that expired unsettled: [`Delivery::expired`]).
+pub const LEASE_STATEMENT: &str = "with async_commit as \
+         (select set_config('synchronous_commit', 'off', true)) \
+     update core.jobs j set leased = true, visible_at = $3, \
+         deliveries = j.deliveries + 1, lease_gen = j.lease_gen + 1 \
+     from (select id, leased from core.jobs where queue = $1 and visible_at <= $2 \
+           order by visible_at, id limit $4 for update skip locked) as c, async_commit \
+     where j.id = c.id \
+     returning j.id, j.payload, j.deliveries, j.lease_gen, j.visible_at, c.leased as expired";
 
 /// The guard of every settlement: this delivery's generation, leased, lease not expired.
 macro_rules! fenced {
@@ -523,6 +402,7 @@ fn deliveries(queue: &QueueName, rows: Vec<PgRow>) -> Result<Vec<Delivery>, Queu
         let attempt: i32 = row.try_get(2).map_err(corrupt)?;
         let generation: i64 = row.try_get(3).map_err(corrupt)?;
         let expires: DateTime<Utc> = row.try_get(4).map_err(corrupt)?;
+        let expired: bool = row.try_get(5).map_err(corrupt)?;
         let expires_at = from_timestamp(expires).map_err(|e| QueueError::Rejected {
             queue: queue.clone(),
             reason: e.to_string(),
@@ -534,7 +414,8 @@ fn deliveries(queue: &QueueName, rows: Vec<PgRow>) -> Result<Vec<Delivery>, Queu
                 u32::try_from(attempt).unwrap_or(0),
                 Some(id.to_string()),
                 Lease::new(queue.clone(), token(id, generation), expires_at),
-            ),
+            )
+            .after_expiry(expired),
         ));
     }
     // In insertion order, which is also the fetch order among rows due at the same time.
@@ -591,21 +472,14 @@ impl ConsumerPort for PgQueue {
             return Ok(vec![]);
         }
         let now = self.clock.now();
-        let rows = sqlx::query(
-            "update core.jobs j set leased = true, visible_at = $3, \
-                 deliveries = j.deliveries + 1, lease_gen = j.lease_gen + 1 \
-             from (select id from core.jobs where queue = $1 and visible_at <= $2 \
-                   order by visible_at, id limit $4 for update skip locked) as c \
-             where j.id = c.id \
-             returning j.id, j.payload, j.deliveries, j.lease_gen, j.visible_at",
-        )
-        .bind(queue.as_str())
-        .bind(timestamp(queue, now)?)
-        .bind(timestamp(queue, now + lease)?)
-        .bind(i64::try_from(max).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| queue_error(queue, "lease jobs from core.jobs", e))?;
+        let rows = sqlx::query(LEASE_STATEMENT)
+            .bind(queue.as_str())
+            .bind(timestamp(queue, now)?)
+            .bind(timestamp(queue, now + lease)?)
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| queue_error(queue, "lease jobs from core.jobs", e))?;
         deliveries(queue, rows)
     }
 
@@ -663,6 +537,114 @@ impl ConsumerPort for PgQueue {
 }
 
 #[async_trait]
+impl SettleInTransaction<PgStore> for PgQueue {
+    /// The same pool: the queue built over `store.pool()` (or a clone of it). Two pools, even
+    /// on one database, are refused, since a worker's connections are then counted twice.
+    fn shares_transactions_with(&self, store: &PgStore) -> Result<(), String> {
+        if Arc::ptr_eq(
+            &self.pool.connect_options(),
+            &store.pool().connect_options(),
+        ) {
+            Ok(())
+        } else {
+            Err(
+                "the PgQueue and the PgStore have different pools: build the queue with \
+                 PgQueue::new(store.pool().clone())"
+                    .to_owned(),
+            )
+        }
+    }
+
+    /// `select ... for update` of the rows whose generation is the lease's and still leased:
+    /// another receiver's `skip locked` passes them by until the transaction ends.
+    async fn hold(&self, tx: &mut PgWorkTx, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
+        let (ids, generations) = tokens(leases);
+        let held: Vec<i64> = sqlx::query_scalar(
+            "select array(select j.id from core.jobs j \
+                 join unnest($1::bigint[], $2::bigint[]) as l(id, gen) \
+                   on j.id = l.id and j.lease_gen = l.gen \
+                 where j.leased order by j.id for update of j)",
+        )
+        .bind(&ids)
+        .bind(&generations)
+        .fetch_one(tx.own())
+        .await
+        .map_err(|e| store_error("hold a group in core.jobs", e))?;
+        let held: HashSet<i64> = held.into_iter().collect();
+        Ok(ids.iter().map(|id| held.contains(id)).collect())
+    }
+
+    /// One statement: acks deleted, retries and deferrals released to their time (a deferral
+    /// gives its attempt back), each fenced by its generation.
+    async fn settle(
+        &self,
+        tx: &mut PgWorkTx,
+        settlements: &[(Lease, Settlement)],
+    ) -> Result<(), StoreError> {
+        if settlements.is_empty() {
+            return Ok(());
+        }
+        let leases: Vec<Lease> = settlements.iter().map(|(l, _)| l.clone()).collect();
+        let (ids, generations) = tokens(&leases);
+        let now = self.clock.now();
+        let mut kinds = Vec::with_capacity(settlements.len());
+        let mut ats = Vec::with_capacity(settlements.len());
+        for (_, settlement) in settlements {
+            let (kind, at): (i16, SystemTime) = match *settlement {
+                Settlement::Ack => (0, now),
+                Settlement::RetryAt(at) => (1, at),
+                Settlement::Defer(until) => (2, until),
+                _ => {
+                    return Err(StoreError::failed(format!(
+                        "unknown settlement {settlement:?}"
+                    )));
+                }
+            };
+            kinds.push(kind);
+            ats.push(to_timestamp(at)?);
+        }
+        let settled: i64 = sqlx::query_scalar(
+            "with s as (select * from unnest($1::bigint[], $2::bigint[], $3::smallint[], \
+                     $4::timestamptz[]) as s(id, gen, kind, at)), \
+                 acked as (delete from core.jobs j using s \
+                     where s.kind = 0 and j.id = s.id and j.lease_gen = s.gen and j.leased \
+                     returning 1), \
+                 released as (update core.jobs j set leased = false, visible_at = s.at, \
+                         deliveries = case when s.kind = 2 then greatest(j.deliveries - 1, 0) \
+                                      else j.deliveries end \
+                     from s where s.kind <> 0 and j.id = s.id and j.lease_gen = s.gen \
+                         and j.leased \
+                     returning 1) \
+             select (select count(*) from acked) + (select count(*) from released)",
+        )
+        .bind(&ids)
+        .bind(&generations)
+        .bind(&kinds)
+        .bind(&ats)
+        .fetch_one(tx.own())
+        .await
+        .map_err(|e| store_error("settle a group in core.jobs", e))?;
+        if usize::try_from(settled).ok() == Some(settlements.len()) {
+            Ok(())
+        } else {
+            Err(StoreError::failed(format!(
+                "settled {settled} of {} deliveries: a lease was not held",
+                settlements.len()
+            )))
+        }
+    }
+}
+
+/// The row ids and generations of `leases`; a token that does not parse (not this queue's)
+/// is `(0, -1)`, which matches no row.
+fn tokens(leases: &[Lease]) -> (Vec<i64>, Vec<i64>) {
+    leases
+        .iter()
+        .map(|lease| parse_token(lease.token()).unwrap_or((0, -1)))
+        .unzip()
+}
+
+#[async_trait]
 impl QueueDepth for PgQueue {
     /// A lease that expired counts as ready: the row is deliverable again.
     async fn depth(&self, queue: &QueueName) -> Result<Depth, QueueError> {
@@ -680,29 +662,6 @@ impl QueueDepth for PgQueue {
         let n = |c: i64| u64::try_from(c).unwrap_or(0);
         Ok(Depth::new(n(ready), n(delayed), n(in_flight)))
     }
-}
-
-/// What [`PgQueue::consume_batch`] did.
-#[derive(Debug, Default)]
-#[non_exhaustive]
-pub struct Batch {
-    /// Jobs whose handler ran and committed with their claim and ack.
-    pub done: usize,
-    /// Jobs acked without running: already processed (or a second copy within the batch).
-    pub skipped: usize,
-    /// After a rollback, the batch's jobs leased one by one, for the runtime to process.
-    pub fallback: Vec<Delivery>,
-}
-
-/// The error a [`BatchHandler`] fails with; any failure falls the batch back to the runtime.
-pub type BatchError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A handler for [`PgQueue::consume_batch`]: runs one job on the batch transaction's
-/// connection. Its writes commit with the job's claim and ack, or roll back with the batch.
-#[async_trait]
-pub trait BatchHandler: Send + Sync {
-    /// Does the job's work through `conn`. An error rolls the whole batch back.
-    async fn handle(&self, conn: &mut PgConnection, envelope: &Envelope) -> Result<(), BatchError>;
 }
 
 /// The LISTEN connection behind [`ConsumerPort::wait_for_work`], shared by a queue's clones:
@@ -829,7 +788,7 @@ pub enum Wake {
 }
 
 /// LISTEN on `core_jobs` on a connection of its own, with polling as the fallback: a loop
-/// outside the runtime (around [`PgQueue::consume_batch`]) awaits [`Wakeups::wait`] when a
+/// outside the runtime awaits [`Wakeups::wait`] when a
 /// batch came back empty. The runtime uses [`ConsumerPort::wait_for_work`] instead.
 ///
 /// Notifications that arrive between two waits are kept by the connection, so a job

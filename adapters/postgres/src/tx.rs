@@ -1,12 +1,17 @@
 //! The work transaction.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
-use jobs_core::{Claim, ConsumerName, JobId, NewDeadLetter, Recorded, StoreError, WorkTransaction};
-use sqlx::{PgConnection, Postgres, Transaction};
+use jobs_core::{
+    Claim, ConsumerName, GroupTransaction, JobId, NewDeadLetter, Recorded, StoreError,
+    WorkTransaction,
+};
+use sqlx::types::Uuid;
+use sqlx::{Executor, PgConnection, Postgres, Transaction};
 
 use crate::convert::to_timestamp;
 use crate::error::store_error;
@@ -16,13 +21,32 @@ use crate::error::store_error;
 ///
 /// Dropping it without [`commit`](WorkTransaction::commit) rolls it back. It dereferences to
 /// the [`PgConnection`] as well, so `&mut *tx` is an executor too.
+///
+/// As a [`GroupTransaction`] its checkpoint is one savepoint, and it is "touched" when a
+/// handler reached the connection mutably (through [`PgWorkTx::conn`] or `&mut *tx`).
 pub struct PgWorkTx {
     tx: Transaction<'static, Postgres>,
+    /// A handler reached the connection since [`GroupTransaction::take_touched`] last asked.
+    touched: bool,
+    /// The checkpoint's savepoint exists.
+    savepoint: bool,
 }
+
+/// The first checkpoint of [`GroupTransaction::checkpoint`]: a savepoint named so that a
+/// handler's own savepoints do not collide with it.
+const FIRST_CHECKPOINT: &str = "savepoint jobs_checkpoint";
+/// A later checkpoint: the last one released and a new one made, in one round trip.
+const NEXT_CHECKPOINT: &str = "release savepoint jobs_checkpoint; savepoint jobs_checkpoint";
+/// [`GroupTransaction::undo`].
+const UNDO: &str = "rollback to savepoint jobs_checkpoint";
 
 impl PgWorkTx {
     pub(crate) fn new(tx: Transaction<'static, Postgres>) -> Self {
-        PgWorkTx { tx }
+        PgWorkTx {
+            tx,
+            touched: false,
+            savepoint: false,
+        }
     }
 
     /// The transaction's connection: a handler's queries run on it, inside the work
@@ -47,6 +71,13 @@ impl PgWorkTx {
     /// }
     /// ```
     pub fn conn(&mut self) -> &mut PgConnection {
+        self.touched = true;
+        &mut self.tx
+    }
+
+    /// The connection for the runtime's own statements (claims, settlements, dead letters),
+    /// which do not count as a handler's touch.
+    pub(crate) fn own(&mut self) -> &mut PgConnection {
         &mut self.tx
     }
 }
@@ -61,7 +92,7 @@ impl Deref for PgWorkTx {
 
 impl DerefMut for PgWorkTx {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.tx
+        self.conn()
     }
 }
 
@@ -89,7 +120,7 @@ impl WorkTransaction for PgWorkTx {
         .bind(job_id.as_uuid())
         .bind(consumer.as_str())
         .bind(to_timestamp(at)?)
-        .execute(&mut *self.tx)
+        .execute(self.own())
         .await
         .map_err(|e| store_error("claim in core.processed_jobs", e))?;
         if done.rows_affected() == 1 {
@@ -101,7 +132,7 @@ impl WorkTransaction for PgWorkTx {
         )
         .bind(job_id.as_uuid())
         .bind(consumer.as_str())
-        .fetch_one(&mut *self.tx)
+        .fetch_one(self.own())
         .await
         .map_err(|e| store_error("read core.dead_letters", e))?;
         Ok(if waiting {
@@ -112,7 +143,7 @@ impl WorkTransaction for PgWorkTx {
     }
 
     async fn record_dead_letter(&mut self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
-        crate::dead_letters::record_on(&mut self.tx, &letter).await
+        crate::dead_letters::record_on(self.own(), &letter).await
     }
 
     async fn commit(self) -> Result<(), StoreError> {
@@ -127,5 +158,110 @@ impl WorkTransaction for PgWorkTx {
             .rollback()
             .await
             .map_err(|e| store_error("roll back the work transaction", e))
+    }
+}
+
+#[async_trait]
+impl GroupTransaction for PgWorkTx {
+    /// One `insert ... select from unnest ... on conflict do nothing` for the group, in job id
+    /// order so that two groups claiming the same jobs wait for each other in one order and
+    /// never deadlock; a second statement only when a job was claimed before.
+    async fn claim_all(
+        &mut self,
+        job_ids: &[JobId],
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let mut sorted: Vec<Uuid> = job_ids.iter().map(|id| id.as_uuid()).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let claimed: Vec<Uuid> = sqlx::query_scalar(
+            "with claimed as ( \
+                 insert into core.processed_jobs (job_id, consumer, processed_at) \
+                 select unnest($1::uuid[]), $2, $3 on conflict (job_id, consumer) do nothing \
+                 returning job_id) \
+             select coalesce(array_agg(job_id), '{}') from claimed",
+        )
+        .bind(&sorted)
+        .bind(consumer.as_str())
+        .bind(to_timestamp(at)?)
+        .fetch_one(self.own())
+        .await
+        .map_err(|e| store_error("claim a group in core.processed_jobs", e))?;
+        let mut claimed: HashSet<Uuid> = claimed.into_iter().collect();
+        let settled: Vec<Uuid> = sorted
+            .into_iter()
+            .filter(|id| !claimed.contains(id))
+            .collect();
+        let waiting: HashSet<Uuid> = if settled.is_empty() {
+            HashSet::new()
+        } else {
+            sqlx::query_scalar::<_, Uuid>(
+                "select job_id from core.dead_letters \
+                 where job_id = any($1) and consumer = $2 and status = 'pending_review'",
+            )
+            .bind(&settled)
+            .bind(consumer.as_str())
+            .fetch_all(self.own())
+            .await
+            .map_err(|e| store_error("read core.dead_letters", e))?
+            .into_iter()
+            .collect()
+        };
+        Ok(job_ids
+            .iter()
+            .map(|id| {
+                let id = id.as_uuid();
+                if claimed.remove(&id) {
+                    Claim::Claimed
+                } else if waiting.contains(&id) {
+                    Claim::DeadLettered
+                } else {
+                    Claim::AlreadyProcessed
+                }
+            })
+            .collect())
+    }
+
+    fn take_touched(&mut self) -> bool {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// `savepoint`, or `release savepoint` of the last checkpoint and a new `savepoint` in one
+    /// round trip.
+    async fn checkpoint(&mut self) -> Result<(), StoreError> {
+        let sql = if self.savepoint {
+            NEXT_CHECKPOINT
+        } else {
+            FIRST_CHECKPOINT
+        };
+        self.tx
+            .execute(sql)
+            .await
+            .map_err(|e| store_error("take a checkpoint", e))?;
+        self.savepoint = true;
+        Ok(())
+    }
+
+    /// `rollback to savepoint`, which keeps the savepoint for the next undo.
+    async fn undo(&mut self) -> Result<(), StoreError> {
+        if !self.savepoint {
+            return Err(StoreError::failed("undo without a checkpoint"));
+        }
+        self.tx
+            .execute(UNDO)
+            .await
+            .map_err(|e| store_error("undo to the checkpoint", e))?;
+        Ok(())
+    }
+
+    async fn unclaim(&mut self, job_id: JobId, consumer: &ConsumerName) -> Result<(), StoreError> {
+        sqlx::query("delete from core.processed_jobs where job_id = $1 and consumer = $2")
+            .bind(job_id.as_uuid())
+            .bind(consumer.as_str())
+            .execute(self.own())
+            .await
+            .map_err(|e| store_error("release a claim in core.processed_jobs", e))?;
+        Ok(())
     }
 }

@@ -5,6 +5,8 @@ mod book;
 mod bulk;
 mod cli;
 mod config;
+mod crash;
+mod grouped;
 mod model;
 mod pg;
 mod postgres;

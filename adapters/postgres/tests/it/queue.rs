@@ -6,19 +6,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use jobs_adapter_postgres::{
-    BatchError, BatchHandler, NewJob, PgQueue, PgStore, PgWorkTx, Wake, sqlx,
-};
+use jobs_adapter_postgres::{NewJob, PgQueue, PgStore, PgWorkTx, Wake, sqlx};
 use jobs_core::{
-    ConsumerName, ConsumerPort, Envelope, ManualClock, PublishOptions, QueueDepth, QueueError,
-    QueueName, QueuePort, StoreError,
+    Clock, ConsumerPort, GroupTransaction, ManualClock, PublishOptions, QueueDepth, QueueError,
+    QueueName, QueuePort, SettleInTransaction, Settlement, StoreError, WorkStore, WorkTransaction,
 };
 use jobs_testkit::contract::queue::{self, QueueUnderTest};
 use jobs_testkit::fixtures;
 use jobs_testkit::model::{self, Backend, BoxFuture, Transport};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::db::{Databases, with_databases};
 
@@ -26,10 +23,6 @@ const LEASE: Duration = Duration::from_secs(30);
 
 fn name(s: &str) -> QueueName {
     s.parse().expect("a valid queue name")
-}
-
-fn consumer() -> ConsumerName {
-    "test.batch".parse().expect("a valid consumer name")
 }
 
 /// A queue on a fresh migrated database, on a manual clock.
@@ -199,26 +192,6 @@ async fn publishing_in_a_rolled_back_transaction_leaves_no_job() {
     .await;
 }
 
-/// Writes one row per job into `effects`, failing for the job whose `n` is `fail_on`.
-struct WriteEffect {
-    fail_on: Option<u64>,
-}
-
-#[async_trait]
-impl BatchHandler for WriteEffect {
-    async fn handle(&self, conn: &mut PgConnection, envelope: &Envelope) -> Result<(), BatchError> {
-        let n = envelope.data["n"].as_u64().ok_or("no n")?;
-        sqlx::query("insert into effects (job_id) values ($1)")
-            .bind(envelope.job_id.as_uuid())
-            .execute(&mut *conn)
-            .await?;
-        if Some(n) == self.fail_on {
-            return Err(format!("job {n} fails").into());
-        }
-        Ok(())
-    }
-}
-
 async fn count(pool: &PgPool, table: &str) -> i64 {
     sqlx::query_scalar(&format!("select count(*) from {table}"))
         .fetch_one(pool)
@@ -227,94 +200,115 @@ async fn count(pool: &PgPool, table: &str) -> i64 {
 }
 
 #[tokio::test]
-async fn a_batch_commits_every_job_with_its_claim_and_ack_or_none() {
+async fn held_deliveries_are_fenced_and_settle_only_with_the_work_transaction() {
     with_databases(|dbs| async move {
-        let (queue, _clock) = queue(&dbs).await;
+        let (queue, clock) = queue(&dbs).await;
         let pool = queue.pool().clone();
-        sqlx::query(
-            "create table effects (seq bigint generated always as identity, job_id uuid not null)",
-        )
-        .execute(&pool)
-        .await
-        .expect("create effects");
-        let q = name("batch.consume");
-        let jobs: Vec<NewJob> = (0..10)
-            .map(|n| NewJob {
-                envelope: fixtures::envelope(1, n),
-                opts: PublishOptions::default(),
-            })
-            .collect();
-        queue.publish_batch(&q, &jobs).await.expect("publish");
-
-        let failing = WriteEffect { fail_on: Some(6) };
-        let batch = queue
-            .consume_batch(&q, &consumer(), 100, LEASE, &failing)
+        let store = PgStore::from_pool(pool.clone());
+        assert_eq!(queue.shares_transactions_with(&store), Ok(()));
+        sqlx::query("create table effects (n int not null)")
+            .execute(&pool)
             .await
-            .expect("consume");
-        assert_eq!((batch.done, batch.fallback.len()), (0, 10));
-        assert_eq!(
-            count(&pool, "effects").await,
-            0,
-            "a failed batch left effects"
-        );
-        assert_eq!(
-            count(&pool, "core.processed_jobs").await,
-            0,
-            "a failed batch left claims"
-        );
-        assert!(batch.fallback.iter().all(|d| d.attempt == 1));
-        // The fallback deliveries are leased: settle them as the runtime would, for a retry.
-        for delivery in &batch.fallback {
+            .expect("create effects");
+        let q = name("group.jobs");
+        for n in 0..4 {
             queue
-                .retry_at(&delivery.lease, delivery.lease.expires_at() - LEASE)
+                .publish(&q, &fixtures::envelope(1, n), PublishOptions::default())
                 .await
-                .expect("release for a retry");
+                .expect("publish");
         }
+        let first = queue.receive(&q, 4, LEASE).await.expect("receive");
+        // Job 0's lease expires and another worker takes it: the first lease is stale.
+        clock.advance(LEASE * 2);
+        let taken = queue.receive(&q, 1, LEASE).await.expect("receive");
+        assert_eq!(taken[0].message_id, first[0].message_id);
+        let leases: Vec<_> = first.iter().map(|d| d.lease.clone()).collect();
 
-        // A job already processed by this consumer is acked without running.
-        let mut tx = pool.begin().await.expect("begin");
-        sqlx::query(
-            "insert into core.processed_jobs (job_id, consumer, processed_at) \
-             values ($1, $2, now())",
-        )
-        .bind(jobs[3].envelope.job_id.as_uuid())
-        .bind(consumer().as_str())
-        .execute(&mut *tx)
-        .await
-        .expect("claim one job beforehand");
-        tx.commit().await.expect("commit");
+        let mut tx = store.begin().await.expect("begin");
+        let held = queue.hold(&mut tx, &leases).await.expect("hold");
+        assert_eq!(held, [false, true, true, true], "only live leases are held");
+        // Held rows stay with this transaction even past their leases' expiry.
+        clock.advance(LEASE * 2);
+        let others = queue.receive(&q, 4, LEASE).await.expect("receive");
+        assert_eq!(
+            others
+                .iter()
+                .map(|d| d.message_id.clone())
+                .collect::<Vec<_>>(),
+            [first[0].message_id.clone()],
+            "another receiver passes the held rows by"
+        );
 
-        let ok = WriteEffect { fail_on: None };
-        let batch = queue
-            .consume_batch(&q, &consumer(), 100, LEASE, &ok)
+        // A checkpoint keeps what came before; an undo discards what came after it.
+        sqlx::query("insert into effects values (1)")
+            .execute(tx.conn())
             .await
-            .expect("consume");
-        assert_eq!((batch.done, batch.skipped), (9, 1));
-        assert!(batch.fallback.is_empty());
-        assert_eq!(count(&pool, "effects").await, 9);
-        let order: Vec<sqlx::types::Uuid> =
-            sqlx::query_scalar("select job_id from effects order by seq")
+            .expect("insert");
+        tx.checkpoint().await.expect("checkpoint");
+        sqlx::query("insert into effects values (2)")
+            .execute(tx.conn())
+            .await
+            .expect("insert");
+        assert!(
+            sqlx::query("insert into no_such_table values (3)")
+                .execute(tx.conn())
+                .await
+                .is_err()
+        );
+        tx.undo()
+            .await
+            .expect("the undo recovers the aborted transaction");
+
+        let later = clock.now() + Duration::from_secs(600);
+        let stale = queue
+            .settle(&mut tx, &[(leases[0].clone(), Settlement::Ack)])
+            .await;
+        assert!(
+            stale.is_err(),
+            "a lease not held settles nothing: {stale:?}"
+        );
+        // The failed statement aborted the transaction; start again.
+        drop(tx);
+        let mut tx = store.begin().await.expect("begin");
+        let held = queue.hold(&mut tx, &leases[1..]).await.expect("hold");
+        assert_eq!(held, [true, true, true]);
+        sqlx::query("insert into effects values (1)")
+            .execute(tx.conn())
+            .await
+            .expect("insert");
+        queue
+            .settle(
+                &mut tx,
+                &[
+                    (leases[1].clone(), Settlement::Ack),
+                    (leases[2].clone(), Settlement::RetryAt(later)),
+                    (leases[3].clone(), Settlement::Defer(later)),
+                ],
+            )
+            .await
+            .expect("settle");
+        let before: i64 = count(&pool, "core.jobs where leased").await;
+        assert_eq!(before, 4, "nothing settled before the commit");
+        tx.commit().await.expect("commit");
+        let rows: Vec<(String, bool, i32)> =
+            sqlx::query_as("select id::text, leased, deliveries from core.jobs order by id")
                 .fetch_all(&pool)
                 .await
-                .expect("effects");
-        let published: Vec<sqlx::types::Uuid> = jobs
-            .iter()
-            .enumerate()
-            .filter(|(n, _)| *n != 3)
-            .map(|(_, job)| job.envelope.job_id.as_uuid())
-            .collect();
-        assert_eq!(order, published, "a batch runs its jobs in publish order");
-        assert_eq!(count(&pool, "core.processed_jobs").await, 10);
+                .expect("rows");
+        let id = |d: &jobs_core::Delivery| d.message_id.clone().expect("an id");
         assert_eq!(
-            count(&pool, "core.jobs").await,
-            0,
-            "the batch acked every job"
+            rows,
+            [
+                (id(&first[0]), true, 3),
+                (id(&first[2]), false, 1),
+                (id(&first[3]), false, 0),
+            ],
+            "acked, retried (attempt kept), deferred (attempt given back)"
         );
-        let again = queue
-            .consume_batch(&q, &consumer(), 100, LEASE, &ok)
-            .await
-            .expect("consume");
-        assert_eq!((again.done, again.skipped), (0, 0));
+        assert_eq!(count(&pool, "effects").await, 1);
+
+        let elsewhere = PgStore::from_pool(dbs.pool().await);
+        assert!(queue.shares_transactions_with(&elsewhere).is_err());
     })
     .await;
 }
@@ -464,15 +458,9 @@ fn write_effect(tx: &mut PgWorkTx, key: String) -> BoxFuture<'_, Result<(), Stor
     })
 }
 
-/// The runtime's invariants with PostgreSQL as transport and store, at a small case count
-/// (`PROPTEST_CASES` raises it).
-#[test]
-fn the_runtime_keeps_every_invariant_on_the_pg_queue() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let (dbs, options) = runtime.block_on(async {
+/// A database for the model's cases, migrated, with its effects table.
+fn model_database(runtime: &tokio::runtime::Runtime) -> (Arc<Databases>, PgConnectOptions) {
+    runtime.block_on(async {
         let dbs = Databases::connect().await;
         let options = dbs.create().await;
         let pool = PgPool::connect_with(options.clone())
@@ -488,80 +476,130 @@ fn the_runtime_keeps_every_invariant_on_the_pg_queue() {
             .expect("create the effects table");
         pool.close().await;
         (dbs, options)
-    });
-    let setup = move || {
-        let options = options.clone();
-        async move {
-            // Each case runs in its own async runtime, so it gets its own pools: one for
-            // the store, whose work transactions stay open while the handler reads the
-            // effects, and one for the queue, which settles while they are open.
-            let connect = |max| {
-                PgPoolOptions::new()
-                    .max_connections(max)
-                    .connect_with(options.clone())
-            };
-            let pool = connect(16).await.expect("connect");
-            let queue_pool = connect(4).await.expect("connect");
-            sqlx::query(
-                "truncate core.jobs, core.processed_jobs, core.dead_letters, model_effects",
-            )
-            .execute(&pool)
-            .await
-            .expect("empty the tables");
-            let clock = ManualClock::default();
-            let queue = PgQueue::new(queue_pool).with_clock(Arc::new(clock.clone()));
-            let effects_pool = pool.clone();
-            let inject_clock = clock.clone();
-            (
-                Backend {
-                    store: PgStore::from_pool(pool),
-                    write_effect,
-                    effects: Arc::new(move || {
-                        let pool = effects_pool.clone();
-                        Box::pin(async move {
-                            sqlx::query_scalar("select key from model_effects")
-                                .fetch_all(&pool)
-                                .await
-                                .expect("read the effects")
-                        })
-                    }),
-                },
-                Transport {
-                    publisher: Arc::new(queue.clone()),
-                    consumer: Arc::new(queue.clone()),
-                    depth: Arc::new(queue),
-                    // The model injects synchronously: publish on a connection of a
-                    // runtime of its own, on another thread, and wait for it.
-                    inject: Arc::new(move |name, bytes| {
-                        let (options, clock, name) =
-                            (options.clone(), inject_clock.clone(), name.clone());
-                        std::thread::spawn(move || {
-                            tokio::runtime::Builder::new_current_thread()
-                                .enable_all()
-                                .build()
-                                .expect("a runtime")
-                                .block_on(async move {
-                                    let pool = PgPoolOptions::new()
-                                        .max_connections(1)
-                                        .connect_with(options)
-                                        .await
-                                        .expect("connect");
-                                    PgQueue::new(pool.clone())
-                                        .with_clock(Arc::new(clock))
-                                        .publish_bytes(&name, bytes, &PublishOptions::default())
-                                        .await
-                                        .expect("inject");
-                                    pool.close().await;
-                                });
-                        })
-                        .join()
-                        .expect("the inject thread");
-                    }),
-                    clock,
-                },
-            )
-        }
+    })
+}
+
+/// One case of the model on the emptied database: the store, the transport and the queue.
+/// Each case runs in its own async runtime, so it gets its own pools: per job, one for the
+/// store, whose work transactions stay open while the handler reads the effects, and one for
+/// the queue, which settles while they are open; grouped, one for both, since the queue
+/// settles inside the store's transactions.
+async fn model_case(
+    options: PgConnectOptions,
+    grouped: bool,
+) -> (Backend<PgStore>, Transport, Arc<PgQueue>) {
+    let connect = |max| {
+        PgPoolOptions::new()
+            .max_connections(max)
+            .connect_with(options.clone())
     };
-    model::check_invariants(model::cases(8), setup);
+    let pool = connect(16).await.expect("connect");
+    let queue_pool = if grouped {
+        pool.clone()
+    } else {
+        connect(4).await.expect("connect")
+    };
+    sqlx::query("truncate core.jobs, core.processed_jobs, core.dead_letters, model_effects")
+        .execute(&pool)
+        .await
+        .expect("empty the tables");
+    let clock = ManualClock::default();
+    let queue = PgQueue::new(queue_pool).with_clock(Arc::new(clock.clone()));
+    let effects_pool = pool.clone();
+    let inject_clock = clock.clone();
+    (
+        Backend {
+            store: PgStore::from_pool(pool),
+            write_effect,
+            effects: Arc::new(move || {
+                let pool = effects_pool.clone();
+                Box::pin(async move {
+                    sqlx::query_scalar("select key from model_effects")
+                        .fetch_all(&pool)
+                        .await
+                        .expect("read the effects")
+                })
+            }),
+        },
+        Transport {
+            publisher: Arc::new(queue.clone()),
+            consumer: Arc::new(queue.clone()),
+            depth: Arc::new(queue.clone()),
+            // The model injects synchronously: publish on a connection of a runtime of its
+            // own, on another thread, and wait for it.
+            inject: Arc::new(move |name, bytes| {
+                let (options, clock, name) = (options.clone(), inject_clock.clone(), name.clone());
+                std::thread::spawn(move || {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("a runtime")
+                        .block_on(async move {
+                            let pool = PgPoolOptions::new()
+                                .max_connections(1)
+                                .connect_with(options)
+                                .await
+                                .expect("connect");
+                            PgQueue::new(pool.clone())
+                                .with_clock(Arc::new(clock))
+                                .publish_bytes(&name, bytes, &PublishOptions::default())
+                                .await
+                                .expect("inject");
+                            pool.close().await;
+                        });
+                })
+                .join()
+                .expect("the inject thread");
+            }),
+            clock,
+        },
+        Arc::new(queue),
+    )
+}
+
+/// The runtime's invariants with PostgreSQL as transport and store, per job, at a small case
+/// count (`PROPTEST_CASES` raises it).
+#[test]
+fn the_runtime_keeps_every_invariant_on_the_pg_queue() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (dbs, options) = model_database(&runtime);
+    model::check_invariants(model::cases(8), || {
+        let case = model_case(options.clone(), false);
+        async move {
+            let (backend, transport, _) = case.await;
+            (backend, transport)
+        }
+    });
+    runtime.block_on(dbs.drop_all());
+}
+
+/// The same invariants with the worker grouped on the PostgreSQL queue: groups with failures,
+/// deferrals and dead letters inside them, and crashes after a group settled, before its
+/// commit. The run must have exercised each of those; the grouped mutants (a failed job's
+/// writes or claim kept) must be caught.
+#[test]
+fn the_grouped_runtime_keeps_every_invariant_on_the_pg_queue() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (dbs, options) = model_database(&runtime);
+    let setup = || model_case(options.clone(), true);
+    let stats = model::check_grouped_invariants(model::cases(16), setup);
+    let (groups, released, undone, crashed) = stats.counts();
+    println!(
+        "grouped model: {groups} groups of two jobs or more, {released} retries and deferrals \
+         settled in a group, {undone} failed jobs undone, {crashed} groups crashed before commit"
+    );
+    assert!(
+        groups > 0 && released > 0 && undone > 0 && crashed > 0,
+        "the grouped model exercised too little: {stats:?}"
+    );
+    for (mutant, reason) in model::check_grouped_mutants_are_caught(setup) {
+        println!("{mutant:?} caught: {reason}");
+    }
     runtime.block_on(dbs.drop_all());
 }

@@ -1,0 +1,514 @@
+//! Grouped consumption: several jobs in one work transaction that also settles them, for a
+//! queue kept in the store's own database ([`SettleInTransaction`]).
+//!
+//! One group is one transaction on one connection: hold the group's leases, claim its jobs,
+//! run each job's handler, settle them all in one statement and commit once. A job that fails
+//! is undone back to a checkpoint taken before it, so its partial writes never commit and its
+//! neighbours' are kept, and their handlers never run again because of it. A checkpoint is
+//! taken only when something that must be kept was written since the last one: handlers that
+//! write nothing cost none, nor does the first job after the claims (claims can be made again).
+//!
+//! When a failed job has no checkpoint to go back to (it was the first to write, or every job
+//! of the group is [`RERUNNABLE`](crate::Handler::RERUNNABLE) and none was taken), the group
+//! rolls back and makes a second pass in a new transaction: the claims again, the jobs whose
+//! outcome is known settled as decided, and only the jobs that have to run again run (ones
+//! that never ran, and rerunnable ones whose writes were rolled back), now with a checkpoint
+//! before each. A conflict with another transaction (a deadlock, a serialization failure) in
+//! the group's own statements makes its jobs run again one by one, without spending an
+//! attempt.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use futures_util::future::BoxFuture;
+use jobs_core::{
+    Claim, Delivery, GroupTransaction, JobId, Kind, Lease, Recorded, SettleInTransaction,
+    Settlement, StoreError, WorkStore, WorkTransaction,
+};
+use tracing::Instrument;
+
+use crate::handler::{JobError, Prepared};
+use crate::retry::Backoff;
+use crate::worker::{DeadReason, Outcome, Ready, Reject, Salvage, Worker, run_caught};
+
+/// The grouped mode of a worker, with the queue's type erased: built by
+/// [`WorkerBuilder::grouped`](crate::WorkerBuilder::grouped) where the bounds are known.
+pub(crate) trait Groups<S: WorkStore>: Send + Sync {
+    /// Why the queue cannot join `store`'s transactions, if it cannot.
+    fn check(&self, store: &S) -> Result<(), String>;
+
+    /// Processes one group (see [`next_group`](crate::worker::next_group)) to the end.
+    fn run<'a>(
+        &'a self,
+        worker: &'a Worker<S>,
+        group: Vec<Delivery>,
+    ) -> BoxFuture<'a, Vec<Outcome>>;
+}
+
+/// [`Groups`] over the queue `Q`.
+pub(crate) struct GroupsOf<Q>(pub(crate) Arc<Q>);
+
+impl<S, Q> Groups<S> for GroupsOf<Q>
+where
+    S: WorkStore,
+    S::Tx: GroupTransaction,
+    Q: SettleInTransaction<S> + 'static,
+{
+    fn check(&self, store: &S) -> Result<(), String> {
+        self.0.shares_transactions_with(store)
+    }
+
+    fn run<'a>(
+        &'a self,
+        worker: &'a Worker<S>,
+        group: Vec<Delivery>,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(worker.process_group(&*self.0, group))
+    }
+}
+
+/// A job of a group.
+struct Member<Tx: Send> {
+    delivery: Delivery,
+    salvage: Salvage,
+    kind: Kind,
+    job_id: JobId,
+    span: tracing::Span,
+    rerunnable: bool,
+    /// Its place among the group's deliveries, for the outcomes' order.
+    index: usize,
+    /// The prepared handler call, until it runs.
+    prepared: Option<Box<dyn Prepared<Tx>>>,
+    /// What it became in this transaction, once known.
+    decided: Option<Decided>,
+    /// Its lease was lost before the group held it.
+    lost: bool,
+}
+
+/// What a job of a group became, settled when the group commits.
+#[derive(Clone)]
+enum Decided {
+    /// Its handler committed; `wrote` says whether it wrote anything.
+    Processed {
+        wrote: bool,
+    },
+    /// Settled before (processed, or dead-lettered): acked without running.
+    Duplicate,
+    Retrying(SystemTime),
+    Deferred(SystemTime),
+    /// Dead-lettered in the group's transaction.
+    DeadLettered {
+        reason: DeadReason,
+        error: String,
+        /// The letter as recorded, in this pass.
+        recorded: Option<Recorded>,
+    },
+}
+
+impl Decided {
+    fn settlement(&self) -> Settlement {
+        match self {
+            Decided::Retrying(at) => Settlement::RetryAt(*at),
+            Decided::Deferred(until) => Settlement::Defer(*until),
+            Decided::Processed { .. } | Decided::Duplicate | Decided::DeadLettered { .. } => {
+                Settlement::Ack
+            }
+        }
+    }
+}
+
+/// Why a pass of a group did not reach its commit.
+enum Stop {
+    /// A failed job has no checkpoint to go back to: roll back and make a second pass.
+    Again,
+    /// A conflict with another transaction: the jobs may run again one by one.
+    Conflict(StoreError),
+    /// Anything else: the jobs stay leased and come back after their leases.
+    Failed(String),
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Conflict { .. } => Stop::Conflict(e),
+            other => Stop::Failed(other.to_string()),
+        }
+    }
+}
+
+impl<S: WorkStore> Worker<S>
+where
+    S::Tx: Send,
+{
+    /// Processes `group` in one work transaction settled through `queue`, and says what
+    /// became of each delivery, in the group's order. Deliveries that can only be
+    /// dead-lettered (poison, an unknown kind) run no handler and settle on their own first.
+    pub(crate) async fn process_group<Q>(&self, queue: &Q, group: Vec<Delivery>) -> Vec<Outcome>
+    where
+        Q: SettleInTransaction<S> + ?Sized,
+        S::Tx: GroupTransaction,
+    {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; group.len()];
+        let mut members = Vec::with_capacity(group.len());
+        for (index, delivery) in group.into_iter().enumerate() {
+            let span = self.job_span(&delivery);
+            match self.triage(&delivery, &span) {
+                Ok(Ready {
+                    prepared,
+                    salvage,
+                    kind,
+                    job_id,
+                    rerunnable,
+                }) => members.push(Member {
+                    delivery,
+                    salvage,
+                    kind,
+                    job_id,
+                    span,
+                    rerunnable,
+                    index,
+                    prepared: Some(prepared),
+                    decided: None,
+                    lost: false,
+                }),
+                Err(Reject {
+                    salvage,
+                    reason,
+                    error,
+                }) => {
+                    let outcome = self
+                        .dead_letter(&delivery, salvage, reason, error)
+                        .instrument(span)
+                        .await;
+                    outcomes[index] = Some(outcome);
+                }
+            }
+        }
+        if !members.is_empty() {
+            for (index, outcome) in self.commit_group(queue, members).await {
+                outcomes[index] = Some(outcome);
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| Outcome::Unsettled {
+                    error: "not settled by its group".to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// Runs the members in a transaction and commits it, in a second pass when the first
+    /// could not undo a failure; on a conflict, runs them again one by one on the per-job path
+    /// (their leases still hold, so no attempt is spent).
+    async fn commit_group<Q>(
+        &self,
+        queue: &Q,
+        mut members: Vec<Member<S::Tx>>,
+    ) -> Vec<(usize, Outcome)>
+    where
+        Q: SettleInTransaction<S> + ?Sized,
+        S::Tx: GroupTransaction,
+    {
+        // The first pass is optimistic when every job may run again; the second is careful.
+        let mut careful = !members.iter().all(|m| m.rerunnable);
+        let mut second = false;
+        let stop = loop {
+            let mut tx = match self.store.begin().await {
+                Ok(tx) => tx,
+                Err(e) => return self.unavailable(members, &e).await,
+            };
+            match self
+                .pass(queue, &mut tx, &mut members, careful, second)
+                .await
+            {
+                Ok(()) => match tx.commit().await {
+                    Ok(()) => return self.announce(members).await,
+                    // Whether it committed is unknown; the redeliveries' claims will tell.
+                    Err(e) => break Stop::from(e),
+                },
+                Err(stop) => {
+                    if let Err(e) = tx.rollback().await {
+                        tracing::warn!(error = %e, "rollback failed; the transaction is abandoned");
+                    }
+                    match stop {
+                        Stop::Again if !second => {
+                            self.forget_rolled_back(&mut members);
+                            (careful, second) = (true, true);
+                        }
+                        Stop::Again => {
+                            break Stop::Failed("a second pass could not undo a job".into());
+                        }
+                        other => break other,
+                    }
+                }
+            }
+        };
+        match stop {
+            Stop::Conflict(e) => {
+                tracing::warn!(queue = %self.queue(), error = %e, "a group lost a conflict; its jobs run again one by one");
+                let mut outcomes = Vec::with_capacity(members.len());
+                for member in members {
+                    outcomes.push((member.index, self.process(member.delivery).await));
+                }
+                outcomes
+            }
+            Stop::Failed(error) => self.abandon(members, &error),
+            Stop::Again => self.abandon(members, "a second pass could not undo a job"),
+        }
+    }
+
+    /// One pass of a group in `tx`: hold, claim, run what has to run, settle. `careful` takes a
+    /// checkpoint before a job whenever something that must be kept was written since the
+    /// last; `second` takes one before the first job to run as well, so nothing of this pass
+    /// can need another.
+    async fn pass<Q>(
+        &self,
+        queue: &Q,
+        tx: &mut S::Tx,
+        members: &mut [Member<S::Tx>],
+        careful: bool,
+        second: bool,
+    ) -> Result<(), Stop>
+    where
+        Q: SettleInTransaction<S> + ?Sized,
+        S::Tx: GroupTransaction,
+    {
+        let live: Vec<usize> = (0..members.len()).filter(|&i| !members[i].lost).collect();
+        let leases: Vec<Lease> = live
+            .iter()
+            .map(|&i| members[i].delivery.lease.clone())
+            .collect();
+        let held = queue.hold(tx, &leases).await?;
+        for (&i, held) in live.iter().zip(held) {
+            members[i].lost = !held;
+        }
+        let live: Vec<usize> = live.into_iter().filter(|&i| !members[i].lost).collect();
+        let job_ids: Vec<JobId> = live.iter().map(|&i| members[i].job_id).collect();
+        let claims = tx
+            .claim_all(&job_ids, &self.consumer, self.clock.now())
+            .await?;
+        tx.take_touched();
+        // Written since the last checkpoint and not to be lost: a handler's writes, or the
+        // runtime's own after a failure (a released claim, a dead letter).
+        let mut dirty = second;
+        let mut checkpointed = false;
+        for (&i, claim) in live.iter().zip(claims) {
+            let member = &mut members[i];
+            if claim != Claim::Claimed {
+                // Settled before: processed, or dead-lettered (a replay releases the claim).
+                member.decided = Some(Decided::Duplicate);
+                continue;
+            }
+            if member.decided.is_some() {
+                // Decided in the first pass: its store actions again, its handler not.
+                dirty |= self.redo(tx, member).await?;
+                continue;
+            }
+            if careful && dirty {
+                tx.checkpoint().await?;
+                (dirty, checkpointed) = (false, true);
+            }
+            let prepared = match member.prepared.take() {
+                Some(prepared) => prepared,
+                // Rolled back in the first pass: prepared anew.
+                None => match self.triage(&member.delivery, &member.span) {
+                    Ok(ready) => ready.prepared,
+                    Err(reject) => return Err(Stop::Failed(reject.error)),
+                },
+            };
+            let started = Instant::now();
+            let result = run_caught(prepared, tx)
+                .instrument(member.span.clone())
+                .await;
+            self.timed(&member.kind, started);
+            let wrote = tx.take_touched();
+            let error = match result {
+                Ok(()) => {
+                    member.decided = Some(Decided::Processed { wrote });
+                    dirty |= wrote;
+                    continue;
+                }
+                Err(error) => error,
+            };
+            member.decided = Some(self.failed(member, error));
+            if wrote {
+                if !(careful && checkpointed) {
+                    // Nothing to go back to that keeps the others' writes.
+                    return Err(Stop::Again);
+                }
+                tx.undo().await?;
+            }
+            dirty |= self.redo(tx, member).await?;
+        }
+        let settlements: Vec<(Lease, Settlement)> = live
+            .iter()
+            .filter_map(|&i| {
+                let member = &members[i];
+                let decided = member.decided.as_ref()?;
+                Some((member.delivery.lease.clone(), decided.settlement()))
+            })
+            .collect();
+        queue.settle(tx, &settlements).await?;
+        Ok(())
+    }
+
+    /// What a failed job becomes, by the policy: retried, deferred, or dead-lettered.
+    fn failed(&self, member: &Member<S::Tx>, error: JobError) -> Decided {
+        match error {
+            JobError::Defer { until } => Decided::Deferred(until),
+            JobError::Retry(e) => match self.policy.after_failure(member.delivery.attempt) {
+                Backoff::RetryIn(delay) => {
+                    member.span.in_scope(|| {
+                        tracing::warn!(error = %e, retry_in = ?delay, "job failed; will retry");
+                    });
+                    Decided::Retrying(self.clock.now() + delay)
+                }
+                Backoff::Exhausted => Decided::DeadLettered {
+                    reason: DeadReason::Exhausted,
+                    error: e.to_string(),
+                    recorded: None,
+                },
+            },
+            JobError::Permanent(e) => Decided::DeadLettered {
+                reason: DeadReason::Permanent,
+                error: e.to_string(),
+                recorded: None,
+            },
+        }
+    }
+
+    /// The store's side of a decided job in this transaction: a failed job's claim released
+    /// for a retry or a deferral, or its dead letter recorded (the claim stays: they commit
+    /// together). Says whether it wrote.
+    async fn redo(&self, tx: &mut S::Tx, member: &mut Member<S::Tx>) -> Result<bool, StoreError>
+    where
+        S::Tx: GroupTransaction,
+    {
+        match &mut member.decided {
+            Some(Decided::Retrying(_) | Decided::Deferred(_)) => {
+                tx.unclaim(member.job_id, &self.consumer).await?;
+                Ok(true)
+            }
+            Some(Decided::DeadLettered {
+                error, recorded, ..
+            }) => {
+                let letter = self.letter(&member.delivery, &member.salvage, error.clone());
+                *recorded = Some(tx.record_dead_letter(letter).await?);
+                Ok(true)
+            }
+            Some(Decided::Processed { .. } | Decided::Duplicate) | None => Ok(false),
+        }
+    }
+
+    /// After a first pass rolled back: the jobs whose writes went with it run again if they
+    /// may (the careful pass never rolls back a job that may not), their dead letters are
+    /// recorded anew.
+    fn forget_rolled_back(&self, members: &mut [Member<S::Tx>]) {
+        for member in members {
+            match &mut member.decided {
+                Some(Decided::Processed { wrote: true }) if member.rerunnable => {
+                    member.decided = None;
+                }
+                Some(Decided::DeadLettered { recorded, .. }) => *recorded = None,
+                _ => {}
+            }
+        }
+    }
+
+    /// The store could not begin a transaction: every member is deferred, no attempt spent.
+    async fn unavailable(
+        &self,
+        members: Vec<Member<S::Tx>>,
+        error: &StoreError,
+    ) -> Vec<(usize, Outcome)> {
+        let mut outcomes = Vec::with_capacity(members.len());
+        for member in members {
+            let outcome = self
+                .store_unavailable(&member.delivery, error)
+                .instrument(member.span)
+                .await;
+            outcomes.push((member.index, outcome));
+        }
+        outcomes
+    }
+
+    /// The group did not commit: every member stays leased and comes back.
+    fn abandon(&self, members: Vec<Member<S::Tx>>, error: &str) -> Vec<(usize, Outcome)> {
+        tracing::warn!(queue = %self.queue(), error = %error, "a group did not commit; its jobs come back after their leases");
+        members
+            .into_iter()
+            .map(|member| {
+                member
+                    .span
+                    .in_scope(|| tracing::debug!("the group did not commit"));
+                let error = format!("the group did not commit: {error}");
+                (member.index, Outcome::Unsettled { error })
+            })
+            .collect()
+    }
+
+    /// After the commit: the outcomes, with their metrics, logs and alerts.
+    async fn announce(&self, members: Vec<Member<S::Tx>>) -> Vec<(usize, Outcome)> {
+        let mut outcomes = Vec::with_capacity(members.len());
+        for member in members {
+            let kind = &member.kind;
+            let outcome = match member.decided {
+                _ if member.lost => {
+                    member.span.in_scope(|| {
+                        tracing::warn!(
+                            "lease lost before the group held it; the job is not run here"
+                        );
+                    });
+                    Outcome::Unsettled {
+                        error: "the lease was lost before the group held it".to_owned(),
+                    }
+                }
+                Some(Decided::Processed { .. }) => {
+                    self.count("jobs_processed_total", kind);
+                    Outcome::Processed
+                }
+                Some(Decided::Duplicate) => {
+                    self.count("jobs_duplicate_skipped_total", kind);
+                    Outcome::Duplicate
+                }
+                Some(Decided::Retrying(at)) => {
+                    self.count("jobs_retried_total", kind);
+                    Outcome::Retrying { at }
+                }
+                Some(Decided::Deferred(until)) => Outcome::Deferred { until },
+                Some(Decided::DeadLettered {
+                    reason,
+                    error,
+                    recorded: Some(recorded),
+                }) => {
+                    if let Recorded::New(_) = recorded {
+                        self.announce_dead(Some(kind), reason, &error)
+                            .instrument(member.span.clone())
+                            .await;
+                    }
+                    Outcome::DeadLettered {
+                        id: recorded.id(),
+                        reason,
+                    }
+                }
+                // A committed group decided every job it held; should one slip through, its
+                // lease expires and it comes back.
+                Some(Decided::DeadLettered { recorded: None, .. }) | None => {
+                    member.span.in_scope(|| {
+                        tracing::error!("a job of a committed group was not settled");
+                    });
+                    Outcome::Unsettled {
+                        error: "not settled by its group".to_owned(),
+                    }
+                }
+            };
+            member
+                .span
+                .in_scope(|| tracing::debug!(?outcome, "delivery settled"));
+            outcomes.push((member.index, outcome));
+        }
+        outcomes
+    }
+}

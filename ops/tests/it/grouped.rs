@@ -1,0 +1,635 @@
+//! The grouped runtime on PostgreSQL (`WorkerBuilder::grouped` over `PgQueue` and `PgStore`):
+//! several jobs in one work transaction, each succeeding or failing alone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jobs_adapter_postgres::{PgQueue, PgStore, PgWorkTx, sqlx};
+use jobs_consumers::{
+    DeadReason, Handler, Job, JobError, Outcome, Worker, WorkerConfig, WorkerError,
+};
+use jobs_core::{
+    ConsumerName, Envelope, ManualClock, PublishOptions, QueueDepth, QueueName, QueuePort,
+};
+use serde::Deserialize;
+
+use crate::pg::TestDb;
+
+/// What a job of the test asks its handler to do after writing its row, on its first run
+/// (later runs succeed).
+#[derive(Deserialize)]
+struct Step {
+    n: i64,
+    then: String,
+}
+
+/// Writes `(n)` into `effects`, then does what the job says; counts every run per `n`, which
+/// stands for an external side effect (an HTTP call) that must not repeat because of a
+/// neighbour.
+#[derive(Clone, Default)]
+struct Scripted {
+    runs: Arc<Mutex<HashMap<i64, u32>>>,
+}
+
+impl Scripted {
+    fn runs(&self, n: i64) -> u32 {
+        self.runs
+            .lock()
+            .expect("not poisoned")
+            .get(&n)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl Handler<PgWorkTx> for Scripted {
+    type Data = Step;
+
+    async fn handle(&self, job: Job<Step>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        let Step { n, then } = job.envelope.data;
+        if then == "ok-no-write" {
+            *self
+                .runs
+                .lock()
+                .expect("not poisoned")
+                .entry(n)
+                .or_default() += 1;
+            return Ok(());
+        }
+        let run = {
+            let mut runs = self.runs.lock().expect("not poisoned");
+            let run = runs.entry(n).or_default();
+            *run += 1;
+            *run
+        };
+        sqlx::query("insert into effects (n) values ($1)")
+            .bind(n)
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
+        if run > 1 {
+            return Ok(());
+        }
+        match then.as_str() {
+            "retry" => Err(JobError::retry("the ledger is down after the insert")),
+            "permanent" => Err(JobError::permanent("invoice does not exist")),
+            "defer" => Err(JobError::Defer {
+                until: std::time::UNIX_EPOCH + Duration::from_secs(1_767_225_700),
+            }),
+            "panic" => panic!("the handler panics after its insert"),
+            "bad sql" => {
+                // A failing statement aborts the transaction: only the undo recovers it.
+                let failed = sqlx::query("insert into no_such_table values (1)")
+                    .execute(tx.conn())
+                    .await;
+                Err(JobError::retry(failed.expect_err("no such table")))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+const KIND: &str = "test.step";
+
+struct Fixture {
+    db: TestDb,
+    pool: sqlx::PgPool,
+    store: PgStore,
+    queue: PgQueue,
+    clock: ManualClock,
+    name: QueueName,
+    handler: Scripted,
+}
+
+impl Fixture {
+    async fn new() -> Fixture {
+        let db = TestDb::create().await;
+        let pool = db.pool().await;
+        let store = PgStore::from_pool(pool.clone());
+        store.migrate().await.expect("migrate");
+        sqlx::query("create table effects (n bigint not null)")
+            .execute(&pool)
+            .await
+            .expect("create the effects table");
+        let clock = ManualClock::default();
+        let queue = PgQueue::new(pool.clone()).with_clock(Arc::new(clock.clone()));
+        Fixture {
+            db,
+            pool,
+            store,
+            queue,
+            clock,
+            name: "test.grouped".parse().expect("valid"),
+            handler: Scripted::default(),
+        }
+    }
+
+    fn worker(&self, config: WorkerConfig) -> Result<Worker<PgStore>, WorkerError> {
+        self.worker_over(Arc::new(self.queue.clone()), config)
+    }
+
+    fn worker_over(
+        &self,
+        queue: Arc<PgQueue>,
+        config: WorkerConfig,
+    ) -> Result<Worker<PgStore>, WorkerError> {
+        Worker::builder(
+            ConsumerName::try_from("test.grouped").expect("valid"),
+            self.name.clone(),
+            queue.clone(),
+            Arc::new(self.store.clone()),
+            Arc::new(self.store.clone()),
+        )
+        .grouped(queue)
+        .handler(KIND.parse().expect("valid"), self.handler.clone())
+        .clock(Arc::new(self.clock.clone()))
+        .config(config)
+        .build()
+    }
+
+    fn envelope(&self, n: i64, then: &str) -> Envelope {
+        jobs_testkit::fixtures::envelope_with(1, KIND, serde_json::json!({ "n": n, "then": then }))
+    }
+
+    async fn publish(&self, envelope: &Envelope, opts: PublishOptions) {
+        self.queue
+            .publish(&self.name, envelope, opts)
+            .await
+            .expect("publish");
+    }
+
+    /// The effects committed, sorted.
+    async fn effects(&self) -> Vec<i64> {
+        sqlx::query_scalar("select n from effects order by n")
+            .fetch_all(&self.pool)
+            .await
+            .expect("read effects")
+    }
+
+    async fn pending(&self) -> u64 {
+        self.queue.depth(&self.name).await.expect("depth").total()
+    }
+}
+
+fn config(group_size: usize) -> WorkerConfig {
+    let mut config = WorkerConfig::default();
+    config.group_size = group_size;
+    config.concurrency = 2;
+    config
+}
+
+#[tokio::test]
+async fn a_failing_job_takes_nothing_from_its_group_and_no_neighbour_runs_twice() {
+    let f = Fixture::new().await;
+    let worker = f.worker(config(16)).expect("queue and store share a pool");
+    let steps = [
+        (0, "ok"),
+        (1, "retry"),
+        (2, "ok"),
+        (3, "permanent"),
+        (4, "panic"),
+        (5, "ok"),
+        (6, "defer"),
+        (7, "bad sql"),
+        (8, "ok"),
+    ];
+    let mut envelopes = vec![];
+    for (n, then) in steps {
+        let envelope = f.envelope(n, then);
+        f.publish(&envelope, PublishOptions::default()).await;
+        envelopes.push(envelope);
+    }
+    // A second copy of job 0 under another key: the group runs it once.
+    f.publish(&envelopes[0], PublishOptions::default().dedup_key("copy"))
+        .await;
+
+    let outcomes = worker.run_once().await.expect("receive");
+    assert_eq!(outcomes.len(), 10, "{outcomes:?}");
+    assert_eq!(outcomes[0], Outcome::Processed);
+    assert!(
+        matches!(outcomes[1], Outcome::Retrying { .. }),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[2], Outcome::Processed);
+    assert!(
+        matches!(
+            outcomes[3],
+            Outcome::DeadLettered {
+                reason: DeadReason::Permanent,
+                ..
+            }
+        ),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[4], Outcome::Retrying { .. }),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[5], Outcome::Processed);
+    assert!(
+        matches!(outcomes[6], Outcome::Deferred { .. }),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[7], Outcome::Retrying { .. }),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[8], Outcome::Processed);
+    assert_eq!(outcomes[9], Outcome::Duplicate, "the second copy of job 0");
+
+    assert_eq!(
+        f.effects().await,
+        [0, 2, 5, 8],
+        "only the succeeding jobs' writes committed"
+    );
+    for n in 0..=8 {
+        assert_eq!(f.handler.runs(n), 1, "job {n} ran once");
+    }
+    let letters: Vec<(String, i64)> =
+        sqlx::query_as("select last_error, attempts::bigint from core.dead_letters")
+            .fetch_all(&f.pool)
+            .await
+            .expect("read dead letters");
+    assert_eq!(letters, [("invoice does not exist".to_owned(), 1)]);
+    let claims: i64 = sqlx::query_scalar("select count(*) from core.processed_jobs")
+        .fetch_one(&f.pool)
+        .await
+        .expect("count claims");
+    assert_eq!(
+        claims, 5,
+        "four processed jobs and the dead letter hold claims"
+    );
+    let deferred: i32 =
+        sqlx::query_scalar("select deliveries from core.jobs where dedup_key = $1 and not leased")
+            .bind(envelopes[6].job_id.to_string())
+            .fetch_one(&f.pool)
+            .await
+            .expect("the deferred job waits");
+    assert_eq!(deferred, 0, "a deferral gives its attempt back");
+
+    // The retried jobs come back alone, as redeliveries, and succeed.
+    f.clock.advance(Duration::from_secs(3600));
+    let mut later = vec![];
+    for _ in 0..10 {
+        let outcomes = worker.run_once().await.expect("receive");
+        if outcomes.is_empty() {
+            break;
+        }
+        later.extend(outcomes);
+    }
+    assert_eq!(later.len(), 4, "jobs 1, 4, 6 and 7: {later:?}");
+    assert!(later.iter().all(|o| *o == Outcome::Processed), "{later:?}");
+    assert_eq!(f.effects().await, [0, 1, 2, 4, 5, 6, 7, 8]);
+    assert_eq!(f.pending().await, 0, "nothing left in core.jobs");
+    f.db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_group_skips_a_job_processed_before() {
+    let f = Fixture::new().await;
+    let worker = f.worker(config(8)).expect("valid");
+    let first = f.envelope(1, "ok");
+    f.publish(&first, PublishOptions::default()).await;
+    assert_eq!(worker.run_once().await.expect("run"), [Outcome::Processed]);
+    // Published again after its ack: a new row, whose claim finds the job processed.
+    f.publish(&first, PublishOptions::default()).await;
+    f.publish(&f.envelope(2, "ok"), PublishOptions::default())
+        .await;
+    assert_eq!(
+        worker.run_once().await.expect("run"),
+        [Outcome::Duplicate, Outcome::Processed]
+    );
+    assert_eq!(f.effects().await, [1, 2]);
+    assert_eq!(f.handler.runs(1), 1);
+    assert_eq!(f.pending().await, 0);
+    f.db.drop_db().await;
+}
+
+#[tokio::test]
+async fn the_build_refuses_a_queue_that_cannot_join_the_stores_transactions() {
+    let f = Fixture::new().await;
+    let other_pool = f.db.pool().await;
+    let elsewhere = Arc::new(PgQueue::new(other_pool));
+    match f.worker_over(elsewhere, config(8)) {
+        Err(WorkerError::NotInStore { reason, .. }) => {
+            assert!(
+                reason.contains("PgQueue::new(store.pool().clone())"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut too_big = config(8);
+    too_big.group_size = 65;
+    assert!(matches!(f.worker(too_big), Err(WorkerError::GroupSize(65))));
+    f.db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grouped_loop_drains_a_queue_exactly_once_and_gives_back_what_it_holds() {
+    let f = Fixture::new().await;
+    let jobs = 600;
+    let batch: Vec<jobs_adapter_postgres::NewJob> = (0..jobs)
+        .map(|n| jobs_adapter_postgres::NewJob {
+            envelope: f.envelope(n, "ok"),
+            opts: PublishOptions::default(),
+        })
+        .collect();
+    f.queue
+        .publish_batch(&f.name, &batch)
+        .await
+        .expect("publish");
+    let mut cfg = config(16);
+    cfg.concurrency = 4;
+    let worker = Arc::new(f.worker(cfg).expect("valid"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.clone().run(async {
+        let _ = stopped.await;
+    }));
+    for _ in 0..600 {
+        if f.effects().await.len() == usize::try_from(jobs).expect("small") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // One more job while idle: the wake-up brings it in.
+    f.publish(&f.envelope(jobs, "ok"), PublishOptions::default())
+        .await;
+    for _ in 0..200 {
+        if f.effects().await.len() > usize::try_from(jobs).expect("small") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    stop.send(()).expect("the worker runs");
+    running.await.expect("the worker stops");
+    let effects = f.effects().await;
+    assert_eq!(effects, (0..=jobs).collect::<Vec<_>>(), "each job once");
+    assert_eq!(f.pending().await, 0);
+    f.db.drop_db().await;
+}
+
+#[tokio::test]
+async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
+    let f = Fixture::new().await;
+    for n in 0..40 {
+        f.publish(&f.envelope(n, "ok"), PublishOptions::default())
+            .await;
+    }
+    /// Blocks in its handler until told to go on, so the loop's buffer stays full.
+    struct Gate(Arc<tokio::sync::Semaphore>);
+    #[async_trait]
+    impl Handler<PgWorkTx> for Gate {
+        type Data = serde_json::Value;
+        async fn handle(
+            &self,
+            _: Job<serde_json::Value>,
+            _: &mut PgWorkTx,
+        ) -> Result<(), JobError> {
+            let _permit = self.0.acquire().await.map_err(JobError::retry)?;
+            Ok(())
+        }
+    }
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let queue = Arc::new(f.queue.clone());
+    let mut cfg = config(10);
+    cfg.concurrency = 1;
+    cfg.shutdown_grace = Duration::from_millis(200);
+    let worker = Arc::new(
+        Worker::builder(
+            ConsumerName::try_from("test.grouped").expect("valid"),
+            f.name.clone(),
+            queue.clone(),
+            Arc::new(f.store.clone()),
+            Arc::new(f.store.clone()),
+        )
+        .grouped(queue)
+        .handler(KIND.parse().expect("valid"), Gate(gate.clone()))
+        .clock(Arc::new(f.clock.clone()))
+        .config(cfg)
+        .build()
+        .expect("valid"),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    // The loop starts slow: a group of one job runs (blocked), the next fetch of two waits in
+    // the buffer.
+    for _ in 0..200 {
+        let leased: i64 = sqlx::query_scalar("select count(*) from core.jobs where leased")
+            .fetch_one(&f.pool)
+            .await
+            .expect("count");
+        if leased == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(()).expect("running");
+    running.await.expect("stops");
+    let (leased, given_back): (i64, i64) = sqlx::query_as(
+        "select count(*) filter (where leased), \
+                count(*) filter (where not leased and deliveries = 0) \
+         from core.jobs",
+    )
+    .fetch_one(&f.pool)
+    .await
+    .expect("count");
+    assert_eq!(given_back, 39, "the two buffered and the 37 never fetched");
+    assert_eq!(
+        leased, 1,
+        "the blocked group, abandoned after the grace, waits out its lease"
+    );
+    f.db.drop_db().await;
+}
+
+#[tokio::test]
+async fn compose_gives_a_grouped_worker_one_pool_sized_for_it() {
+    let f = Fixture::new().await;
+    let env = |name: &str| (name == "DATABASE_URL").then(|| f.db.url.clone());
+    let settings = jobs_ops::compose::Config::resolve(
+        &Default::default(),
+        &env,
+        &jobs_ops::compose::ConfigFile::None,
+    )
+    .expect("resolves");
+    let mut cfg = config(8);
+    cfg.concurrency = 12;
+    let (store, queue) = jobs_ops::compose::postgres_worker(&settings, &cfg)
+        .await
+        .expect("a migrated PostgreSQL database");
+    assert_eq!(
+        store.pool().options().get_max_connections(),
+        15,
+        "12 groups and 3 more"
+    );
+    let queue = Arc::new(queue);
+    let worker = Worker::builder(
+        ConsumerName::try_from("test.grouped").expect("valid"),
+        f.name.clone(),
+        queue.clone(),
+        Arc::new(store.clone()),
+        Arc::new(store),
+    )
+    .grouped(queue)
+    .handler(KIND.parse().expect("valid"), f.handler.clone())
+    .config(cfg)
+    .build();
+    assert!(worker.is_ok(), "{worker:?}");
+    f.publish(&f.envelope(1, "ok"), PublishOptions::default())
+        .await;
+    assert_eq!(
+        worker.expect("built").run_once().await.expect("run"),
+        [Outcome::Processed]
+    );
+    f.db.drop_db().await;
+}
+
+#[tokio::test]
+async fn behind_the_transactional_first_gate_a_pg_queue_still_runs_grouped() {
+    let f = Fixture::new().await;
+    let transactional: QueueName = "test.grouped.urgent".parse().expect("valid");
+    let gate = jobs_notifications::PriorityGate::new(2, 0).expect("valid thresholds");
+    let gated = Arc::new(jobs_notifications::TransactionalFirst::new(
+        Arc::new(f.queue.clone()),
+        Arc::new(f.queue.clone()),
+        transactional.clone(),
+        gate,
+    ));
+    let worker = Worker::builder(
+        ConsumerName::try_from("test.grouped").expect("valid"),
+        f.name.clone(),
+        gated.clone(),
+        Arc::new(f.store.clone()),
+        Arc::new(f.store.clone()),
+    )
+    .grouped(gated)
+    .handler(KIND.parse().expect("valid"), f.handler.clone())
+    .clock(Arc::new(f.clock.clone()))
+    .config(config(8))
+    .build()
+    .expect("the gate forwards the capability");
+    for n in 0..3 {
+        f.publish(&f.envelope(n, "ok"), PublishOptions::default())
+            .await;
+    }
+    for n in 0..3 {
+        let urgent = f.envelope(100 + n, "ok");
+        f.queue
+            .publish(&transactional, &urgent, PublishOptions::default())
+            .await
+            .expect("publish");
+    }
+    assert!(
+        worker.run_once().await.expect("run").is_empty(),
+        "paused while the transactional queue is deep"
+    );
+    let drained =
+        jobs_core::ConsumerPort::receive(&f.queue, &transactional, 10, Duration::from_secs(60))
+            .await
+            .expect("receive");
+    for delivery in drained {
+        jobs_core::ConsumerPort::ack(&f.queue, &delivery.lease)
+            .await
+            .expect("ack");
+    }
+    assert_eq!(
+        worker.run_once().await.expect("run"),
+        vec![Outcome::Processed; 3],
+        "one group of three once the gate reopens"
+    );
+    assert_eq!(f.effects().await, [0, 1, 2]);
+    f.db.drop_db().await;
+}
+
+/// [`Scripted`], declared rerunnable: its only effects are its writes.
+#[derive(Clone, Default)]
+struct Rerunnable(Scripted);
+
+#[async_trait]
+impl Handler<PgWorkTx> for Rerunnable {
+    type Data = Step;
+    const RERUNNABLE: bool = true;
+
+    async fn handle(&self, job: Job<Step>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        self.0.handle(job, tx).await
+    }
+}
+
+#[tokio::test]
+async fn a_group_of_rerunnable_jobs_runs_the_others_again_when_one_fails() {
+    let f = Fixture::new().await;
+    let handler = Rerunnable::default();
+    let queue = Arc::new(f.queue.clone());
+    let worker = Worker::builder(
+        ConsumerName::try_from("test.grouped").expect("valid"),
+        f.name.clone(),
+        queue.clone(),
+        Arc::new(f.store.clone()),
+        Arc::new(f.store.clone()),
+    )
+    .grouped(queue)
+    .handler(KIND.parse().expect("valid"), handler.clone())
+    .clock(Arc::new(f.clock.clone()))
+    .config(config(8))
+    .build()
+    .expect("valid");
+    for (n, then) in [(0, "ok"), (1, "ok"), (2, "retry"), (3, "ok")] {
+        f.publish(&f.envelope(n, then), PublishOptions::default())
+            .await;
+    }
+    let outcomes = worker.run_once().await.expect("run");
+    assert_eq!(outcomes[0], Outcome::Processed);
+    assert_eq!(outcomes[1], Outcome::Processed);
+    assert!(
+        matches!(outcomes[2], Outcome::Retrying { .. }),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[3], Outcome::Processed);
+    assert_eq!(
+        f.effects().await,
+        [0, 1, 3],
+        "each committed once, though 0 and 1 ran twice"
+    );
+    let runs: Vec<u32> = (0..4).map(|n| handler.0.runs(n)).collect();
+    assert_eq!(
+        runs,
+        [2, 2, 1, 1],
+        "the jobs before the failure ran again in the second pass, the failed one did not"
+    );
+    f.db.drop_db().await;
+}
+
+#[tokio::test]
+async fn when_the_first_job_to_write_fails_the_group_starts_again_without_it() {
+    let f = Fixture::new().await;
+    let worker = f.worker(config(8)).expect("valid");
+    for (n, then) in [(0, "ok-no-write"), (1, "retry"), (2, "ok")] {
+        f.publish(&f.envelope(n, then), PublishOptions::default())
+            .await;
+    }
+    let outcomes = worker.run_once().await.expect("run");
+    assert_eq!(outcomes[0], Outcome::Processed);
+    assert!(
+        matches!(outcomes[1], Outcome::Retrying { .. }),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[2], Outcome::Processed);
+    assert_eq!(f.effects().await, [2], "job 1's write was rolled back");
+    for n in 0..3 {
+        assert_eq!(f.handler.runs(n), 1, "job {n} ran once");
+    }
+    let claims: i64 = sqlx::query_scalar("select count(*) from core.processed_jobs")
+        .fetch_one(&f.pool)
+        .await
+        .expect("count claims");
+    assert_eq!(
+        claims, 2,
+        "jobs 0 and 2 claimed again in the second pass, job 1 not"
+    );
+    f.db.drop_db().await;
+}
