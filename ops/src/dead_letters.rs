@@ -206,7 +206,11 @@ fn to_json(letter: &DeadLetter) -> Value {
     })
 }
 
-/// Parses `30d`, `12h`, `90m`, `45s` or a combination like `1h30m`.
+/// The longest duration a flag accepts, a hundred years: `now` plus or minus it is a time every
+/// clock and store can hold.
+const MAX_DURATION_SECS: u64 = 36_500 * 86_400;
+
+/// Parses `30d`, `12h`, `90m`, `45s` or a combination like `1h30m`, up to 36500d.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration> {
     let mut total = 0u64;
     let mut number = String::new();
@@ -225,7 +229,11 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration> {
         let n: u64 = number
             .parse()
             .with_context(|| format!("`{text}`: a number must precede `{c}`"))?;
-        total += n * unit;
+        total = n
+            .checked_mul(unit)
+            .and_then(|secs| total.checked_add(secs))
+            .filter(|secs| *secs <= MAX_DURATION_SECS)
+            .with_context(|| format!("`{text}` is longer than the 36500d accepted"))?;
         number.clear();
     }
     if !number.is_empty() || text.is_empty() {
@@ -249,6 +257,14 @@ mod tests {
             parse_duration("1h30m").expect("ok"),
             Duration::from_secs(5_400)
         );
+        assert_eq!(
+            parse_duration("36500d").expect("a hundred years"),
+            Duration::from_secs(36_500 * 86_400)
+        );
+        for absurd in ["36501d", "18446744073709551615s", "99999999999999999999d"] {
+            let error = parse_duration(absurd).expect_err("refused");
+            assert!(error.to_string().contains(absurd), "{error}");
+        }
         assert!(parse_duration("30").is_err());
         assert!(parse_duration("3w").is_err());
         assert!(parse_duration("").is_err());
