@@ -12,6 +12,7 @@ use jobs_consumers::{
 };
 use jobs_core::{
     ConsumerName, Envelope, ManualClock, PublishOptions, QueueDepth, QueueName, QueuePort,
+    SettleInTransaction,
 };
 use serde::Deserialize;
 
@@ -136,6 +137,21 @@ impl Fixture {
         queue: Arc<PgQueue>,
         config: WorkerConfig,
     ) -> Result<Worker<PgStore>, WorkerError> {
+        self.grouped(queue, self.handler.clone(), config)
+    }
+
+    /// A worker of the fixture's queue name and store, grouped over `queue`, running
+    /// `handler`.
+    fn grouped<Q, H>(
+        &self,
+        queue: Arc<Q>,
+        handler: H,
+        config: WorkerConfig,
+    ) -> Result<Worker<PgStore>, WorkerError>
+    where
+        Q: SettleInTransaction<PgStore> + 'static,
+        H: Handler<PgWorkTx>,
+    {
         Worker::builder(
             ConsumerName::try_from("test.grouped").expect("valid"),
             self.name.clone(),
@@ -144,7 +160,7 @@ impl Fixture {
             Arc::new(self.store.clone()),
         )
         .grouped(queue)
-        .handler(KIND.parse().expect("valid"), self.handler.clone())
+        .handler(KIND.parse().expect("valid"), handler)
         .clock(Arc::new(self.clock.clone()))
         .config(config)
         .build()
@@ -398,21 +414,7 @@ async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
     let mut cfg = config(10);
     cfg.concurrency = 1;
     cfg.shutdown_grace = Duration::from_millis(200);
-    let worker = Arc::new(
-        Worker::builder(
-            ConsumerName::try_from("test.grouped").expect("valid"),
-            f.name.clone(),
-            queue.clone(),
-            Arc::new(f.store.clone()),
-            Arc::new(f.store.clone()),
-        )
-        .grouped(queue)
-        .handler(KIND.parse().expect("valid"), Gate(gate.clone()))
-        .clock(Arc::new(f.clock.clone()))
-        .config(cfg)
-        .build()
-        .expect("valid"),
-    );
+    let worker = Arc::new(f.grouped(queue, Gate(gate.clone()), cfg).expect("valid"));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(worker.run(async {
         let _ = stopped.await;
@@ -500,19 +502,9 @@ async fn behind_the_transactional_first_gate_a_pg_queue_still_runs_grouped() {
         transactional.clone(),
         gate,
     ));
-    let worker = Worker::builder(
-        ConsumerName::try_from("test.grouped").expect("valid"),
-        f.name.clone(),
-        gated.clone(),
-        Arc::new(f.store.clone()),
-        Arc::new(f.store.clone()),
-    )
-    .grouped(gated)
-    .handler(KIND.parse().expect("valid"), f.handler.clone())
-    .clock(Arc::new(f.clock.clone()))
-    .config(config(8))
-    .build()
-    .expect("the gate forwards the capability");
+    let worker = f
+        .grouped(gated, f.handler.clone(), config(8))
+        .expect("the gate forwards the capability");
     for n in 0..3 {
         f.publish(&f.envelope(n, "ok"), PublishOptions::default())
             .await;
@@ -565,19 +557,7 @@ async fn a_group_of_rerunnable_jobs_runs_the_others_again_when_one_fails() {
     let f = Fixture::new().await;
     let handler = Rerunnable::default();
     let queue = Arc::new(f.queue.clone());
-    let worker = Worker::builder(
-        ConsumerName::try_from("test.grouped").expect("valid"),
-        f.name.clone(),
-        queue.clone(),
-        Arc::new(f.store.clone()),
-        Arc::new(f.store.clone()),
-    )
-    .grouped(queue)
-    .handler(KIND.parse().expect("valid"), handler.clone())
-    .clock(Arc::new(f.clock.clone()))
-    .config(config(8))
-    .build()
-    .expect("valid");
+    let worker = f.grouped(queue, handler.clone(), config(8)).expect("valid");
     for (n, then) in [(0, "ok"), (1, "ok"), (2, "retry"), (3, "ok")] {
         f.publish(&f.envelope(n, then), PublishOptions::default())
             .await;
