@@ -208,14 +208,14 @@ async fn a_worker_killed_at_random_moments_loses_nothing_and_doubles_nothing() {
     let db = TestDb::create().await;
     let pool = db.pool().await;
     setup(&pool).await;
-    let jobs = 3_000;
+    let jobs = 8_000;
     publish(&pool, (0..jobs).map(|n| serde_json::json!({ "n": n }))).await;
     let mut kills = 0;
     while kills < 6 && counts(&pool).await.2 > 0 {
         let mut child = spawn_worker(&db.url, 100);
         tokio::time::sleep(random_between(
-            Duration::from_millis(150),
-            Duration::from_millis(900),
+            Duration::from_millis(100),
+            Duration::from_millis(400),
         ))
         .await;
         child.kill().expect("SIGKILL the worker");
