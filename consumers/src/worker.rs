@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use jobs_core::{
     Claim, Clock, ConsumerName, ConsumerPort, CorrelationId, DeadLetterId, DeadLetterStore,
     DecodeLimits, Delivery, Envelope, GroupTransaction, JobId, Kind, NewDeadLetter, QueueError,
@@ -142,6 +143,10 @@ pub struct WorkerConfig {
 /// The largest group: PostgreSQL keeps the subtransactions of 64 savepoints per backend in
 /// shared memory and spills to disk past that, which slows every session's snapshots.
 pub const MAX_GROUP_SIZE: usize = 64;
+
+/// The most jobs one fetch of a grouped worker leases: enough for many groups at once when
+/// the fetch falls behind them, few enough that one statement stays short.
+const MAX_FETCH: usize = 1_024;
 
 impl Default for WorkerConfig {
     fn default() -> Self {
@@ -506,9 +511,10 @@ where
         self.drain(in_flight).await;
     }
 
-    /// [`Worker::run`] grouped: one fetch of up to a group's jobs ahead of the running groups
-    /// (the local buffer), and up to `concurrency` groups at once, each in its own work
-    /// transaction.
+    /// [`Worker::run`] grouped: up to `concurrency` groups at once, each in its own work
+    /// transaction, fed from a local buffer that one fetch at a time keeps about a group
+    /// ahead of them. The fetch runs while the groups do, and asks for as many jobs as there
+    /// are free slots plus a group, so a fetch slower than the groups brings more each time.
     async fn run_grouped(
         self: Arc<Self>,
         groups: Arc<dyn Groups<S>>,
@@ -517,112 +523,135 @@ where
         let size = self.config.group_size;
         let permits = Arc::new(Semaphore::new(self.config.concurrency));
         let mut in_flight = JoinSet::new();
-        let mut buffer = VecDeque::with_capacity(size);
+        let mut buffer = VecDeque::with_capacity(2 * size);
         let mut shutdown = std::pin::pin!(shutdown);
-        // Slow start: one job, then twice as many each fetch up to a group. Every fetched job
-        // spends an attempt, so a process that a job crashes at once (an abort, an OOM) costs
-        // that job an attempt and leaves its neighbours' alone.
-        let mut fetch = 1;
+        let mut fetching: Option<BoxFuture<'static, Result<Vec<Delivery>, QueueError>>> = None;
+        // After an empty or failed fetch: the wake-up or the poll before the next.
+        let mut waiting: Option<BoxFuture<'static, ()>> = None;
+        // A job whose worker may have died on it, waiting to run alone.
+        let mut suspect: Option<Delivery> = None;
+        // Slow start: one job, then twice as many each fetch. Every fetched job spends an
+        // attempt, so a process that a job crashes at once (an abort, an OOM) costs that job
+        // an attempt and leaves its neighbours' alone.
+        let mut most = 1;
         loop {
             while in_flight.try_join_next().is_some() {}
-            if buffer.is_empty() {
-                let idle = tokio::select! {
-                    () = &mut shutdown => break,
-                    idle = self.fill(&mut buffer, fetch) => idle,
-                };
-                // Slow start again after a suspect, else twice as many up to a group.
-                fetch = if buffer.iter().any(|d| d.expired) {
-                    1
-                } else {
-                    (fetch * 2).min(size)
-                };
-                if let Some(alerts) = &self.alerts {
-                    alerts.flush().await;
-                }
-                if self.idle(idle, &mut shutdown).await.is_break() {
-                    break;
-                }
-                if buffer.is_empty() {
-                    continue;
-                }
-            }
-            if buffer.front().is_some_and(|d| d.expired) {
-                // A job whose worker may have died on it: alone, once every job fetched with
-                // it has settled, and with nothing else leased while it runs, so that if it
-                // crashes this process too it takes no other job's attempt with it.
-                let group = next_group(&mut buffer, size);
+            if buffer.is_empty()
+                && let Some(delivery) = suspect.take()
+            {
+                // Alone, once every job fetched with it has settled, and with nothing else
+                // leased while it runs, so that if it crashes this process too it takes no
+                // other job's attempt with it.
                 let settled = tokio::select! {
                     () = &mut shutdown => false,
                     () = join_all(&mut in_flight) => true,
                 };
                 if !settled {
-                    buffer.extend(group);
+                    buffer.push_back(delivery);
                     break;
                 }
                 let (worker, groups) = (self.clone(), groups.clone());
                 in_flight.spawn(async move {
-                    groups.run(&worker, group).await;
+                    groups.run(&worker, vec![delivery]).await;
                 });
                 tokio::select! {
                     () = &mut shutdown => break,
                     () = join_all(&mut in_flight) => {}
                 }
+                most = 1;
                 continue;
             }
-            let permit = tokio::select! {
+            if fetching.is_none() && waiting.is_none() && suspect.is_none() && buffer.len() < size {
+                let room = (permits.available_permits() + 1)
+                    .saturating_mul(size)
+                    .saturating_sub(buffer.len());
+                fetching = Some(self.fetch(room.min(most)));
+            }
+            tokio::select! {
+                biased;
                 () = &mut shutdown => break,
-                permit = permits.clone().acquire_owned() => permit,
-            };
-            let Ok(permit) = permit else { break };
-            let group = next_group(&mut buffer, size);
-            let (worker, groups) = (self.clone(), groups.clone());
-            in_flight.spawn(async move {
-                groups.run(&worker, group).await;
-                drop(permit);
-            });
+                fetched = async { fetching.as_mut().expect("guarded").await }, if fetching.is_some() => {
+                    fetching = None;
+                    match fetched {
+                        Ok(batch) if batch.is_empty() => waiting = Some(self.wake_or_poll()),
+                        Ok(batch) => {
+                            // One suspect a fetch; the others are given back at once, attempt
+                            // unspent, so that none of them is leased while it runs.
+                            let (suspects, fresh): (Vec<_>, Vec<_>) =
+                                batch.into_iter().partition(|d| d.expired);
+                            let mut suspects = suspects.into_iter();
+                            buffer.extend(fresh);
+                            suspect = suspects.next();
+                            self.release(suspects).await;
+                            most = most.saturating_mul(2).min(MAX_FETCH);
+                        }
+                        Err(e) => {
+                            tracing::warn!(queue = %self.queue, error = %e, "receive failed; will poll again");
+                            let poll = self.config.poll_interval;
+                            waiting = Some(Box::pin(tokio::time::sleep(poll)));
+                        }
+                    }
+                    if let Some(alerts) = &self.alerts {
+                        alerts.flush().await;
+                    }
+                }
+                () = async { waiting.as_mut().expect("guarded").await }, if waiting.is_some() => {
+                    waiting = None;
+                }
+                permit = permits.clone().acquire_owned(), if !buffer.is_empty() => {
+                    let Ok(permit) = permit else { break };
+                    let group = next_group(&mut buffer, size);
+                    let (worker, groups) = (self.clone(), groups.clone());
+                    in_flight.spawn(async move {
+                        groups.run(&worker, group).await;
+                        drop(permit);
+                    });
+                }
+            }
         }
+        // What a fetch under way leases is given back with the rest.
+        if let Some(fetching) = fetching
+            && let Ok(batch) = fetching.await
+        {
+            buffer.extend(batch);
+        }
+        buffer.extend(suspect);
         self.release(buffer).await;
         self.drain(in_flight).await;
     }
 
-    /// Fetches up to `size` deliveries into the empty `buffer`, lingering for more (up to a
-    /// group) when the configuration says so.
-    async fn fill(&self, buffer: &mut VecDeque<Delivery>, size: usize) -> Idle {
-        match self
-            .transport
-            .receive(&self.queue, size, self.config.lease)
-            .await
-        {
-            Ok(batch) if batch.is_empty() => return Idle::Empty,
-            // A job whose lease expired unsettled runs after the others, and only one such a
-            // fetch: the rest are given back at once, attempt unspent, so that none of them is
-            // leased while it runs.
-            Ok(batch) => {
-                let (suspects, fresh): (Vec<_>, Vec<_>) =
-                    batch.into_iter().partition(|d| d.expired);
-                let mut suspects = suspects.into_iter();
-                buffer.extend(fresh);
-                buffer.extend(suspects.next());
-                self.release(suspects).await;
+    /// One fetch of up to `limit` deliveries, lingering for more (up to a group) when the
+    /// configuration says so.
+    fn fetch(
+        self: &Arc<Self>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Delivery>, QueueError>> {
+        let worker = self.clone();
+        Box::pin(async move {
+            let (queue, lease) = (&worker.queue, worker.config.lease);
+            let mut batch = worker.transport.receive(queue, limit, lease).await?;
+            let missing = worker.config.group_size.saturating_sub(batch.len());
+            if !batch.is_empty() && missing > 0 && !worker.config.group_linger.is_zero() {
+                tokio::time::sleep(worker.config.group_linger).await;
+                match worker.transport.receive(queue, missing, lease).await {
+                    Ok(more) => batch.extend(more),
+                    Err(e) => tracing::warn!(queue = %queue, error = %e, "receive failed"),
+                }
             }
-            Err(e) => {
-                tracing::warn!(queue = %self.queue, error = %e, "receive failed; will poll again");
-                return Idle::Failed;
+            Ok(batch)
+        })
+    }
+
+    /// Until the transport's wake-up or the next poll, whichever is first (the poll also
+    /// covers delays and retries falling due).
+    fn wake_or_poll(self: &Arc<Self>) -> BoxFuture<'static, ()> {
+        let worker = self.clone();
+        Box::pin(async move {
+            tokio::select! {
+                () = tokio::time::sleep(worker.config.poll_interval) => {}
+                () = worker.transport.wait_for_work(&worker.queue) => {}
             }
-        }
-        let missing = self.config.group_size.saturating_sub(buffer.len());
-        if missing > 0 && !self.config.group_linger.is_zero() {
-            tokio::time::sleep(self.config.group_linger).await;
-            match self
-                .transport
-                .receive(&self.queue, missing, self.config.lease)
-                .await
-            {
-                Ok(more) => buffer.extend(more),
-                Err(e) => tracing::warn!(queue = %self.queue, error = %e, "receive failed"),
-            }
-        }
-        Idle::Busy
+        })
     }
 
     /// Waits as `idle` says: at once when busy, for a wake-up or the poll when the queue was

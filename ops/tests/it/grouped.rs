@@ -419,18 +419,23 @@ async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
     let running = tokio::spawn(worker.run(async {
         let _ = stopped.await;
     }));
-    // The loop starts slow: a group of one job runs (blocked), the next fetch of two waits in
-    // the buffer.
-    for _ in 0..200 {
-        let leased: i64 = sqlx::query_scalar("select count(*) from core.jobs where leased")
+    // The loop starts slow (fetches of 1, 2, 4, 4) and keeps fetching while the group runs,
+    // until one group waits in the buffer: the blocked job and ten more are leased, and no
+    // more than that however long the group takes.
+    let leased = || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from core.jobs where leased")
             .fetch_one(&f.pool)
             .await
-            .expect("count");
-        if leased == 3 {
+            .expect("count")
+    };
+    for _ in 0..200 {
+        if leased().await >= 11 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(leased().await, 11, "the running group and one group ahead");
     stop.send(()).expect("running");
     running.await.expect("stops");
     let (leased, given_back): (i64, i64) = sqlx::query_as(
@@ -441,7 +446,7 @@ async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
     .fetch_one(&f.pool)
     .await
     .expect("count");
-    assert_eq!(given_back, 39, "the two buffered and the 37 never fetched");
+    assert_eq!(given_back, 39, "the ten buffered and the 29 never fetched");
     assert_eq!(
         leased, 1,
         "the blocked group, abandoned after the grace, waits out its lease"
