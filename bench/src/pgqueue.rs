@@ -31,7 +31,7 @@ use jobs_consumers::{Handler, Job, JobError, QueuePolicy, RetryPolicy, Worker, W
 use jobs_core::{ConsumerName, Envelope, PublishOptions, QueueName};
 use serde::Deserialize;
 use serde_json::json;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener};
 use sqlx::types::Uuid;
 use sqlx::{PgPool, Row};
 
@@ -237,8 +237,7 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
 async fn pool(options: &PgConnectOptions, concurrency: usize) -> Result<PgPool> {
     let mut config = WorkerConfig::default();
     config.concurrency = concurrency;
-    let pool = PgPoolOptions::new()
-        .max_connections(config.connections())
+    let pool = PgStore::pool_options(config.connections())
         .connect_with(options.clone())
         .await?;
     PgStore::from_pool(pool.clone()).migrate().await?;

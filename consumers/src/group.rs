@@ -276,25 +276,27 @@ where
         S::Tx: GroupTransaction,
     {
         let live: Vec<usize> = (0..members.len()).filter(|&i| !members[i].lost).collect();
-        let leases: Vec<Lease> = live
+        let deliveries: Vec<(Lease, JobId)> = live
             .iter()
-            .map(|&i| members[i].delivery.lease.clone())
+            .map(|&i| (members[i].delivery.lease.clone(), members[i].job_id))
             .collect();
-        let held = queue.hold(tx, &leases).await?;
-        for (&i, held) in live.iter().zip(held) {
-            members[i].lost = !held;
-        }
-        let live: Vec<usize> = live.into_iter().filter(|&i| !members[i].lost).collect();
-        let job_ids: Vec<JobId> = live.iter().map(|&i| members[i].job_id).collect();
-        let claims = tx
-            .claim_all(&job_ids, &self.consumer, self.clock.now())
+        let claims = queue
+            .hold_and_claim(tx, &deliveries, &self.consumer, self.clock.now())
             .await?;
+        let mut live_claims = Vec::with_capacity(live.len());
+        for (&i, claim) in live.iter().zip(claims) {
+            match claim {
+                Some(claim) => live_claims.push((i, claim)),
+                None => members[i].lost = true,
+            }
+        }
+        let live: Vec<usize> = live_claims.iter().map(|&(i, _)| i).collect();
         tx.take_touched();
         // Written since the last checkpoint and not to be lost: a handler's writes, or the
         // runtime's own after a failure (a released claim, a dead letter).
         let mut dirty = second;
         let mut checkpointed = false;
-        for (&i, claim) in live.iter().zip(claims) {
+        for (i, claim) in live_claims {
             let member = &mut members[i];
             if claim != Claim::Claimed {
                 // Settled before: processed, or dead-lettered (a replay releases the claim).

@@ -14,8 +14,9 @@ use thiserror::Error;
 
 use crate::envelope::Envelope;
 use crate::error::ErrorClass;
-use crate::name::QueueName;
-use crate::store::{StoreError, WorkStore};
+use crate::id::JobId;
+use crate::name::{ConsumerName, QueueName};
+use crate::store::{Claim, GroupTransaction, StoreError, WorkStore};
 
 /// How a job is published.
 ///
@@ -300,6 +301,35 @@ pub trait SettleInTransaction<S: WorkStore>: ConsumerPort {
     /// message cannot be delivered to anyone else while `tx` is open, even past its lease's
     /// expiry; a message not held must not be handled.
     async fn hold(&self, tx: &mut S::Tx, leases: &[Lease]) -> Result<Vec<bool>, StoreError>;
+
+    /// [`hold`](Self::hold) each lease, then [`claim_all`](GroupTransaction::claim_all) for
+    /// `consumer` the jobs of those held: per delivery, `None` when its lease does not hold
+    /// (its job is not claimed), else its job's claim. A queue that can do both in one round
+    /// trip overrides it; the two calls by default.
+    async fn hold_and_claim(
+        &self,
+        tx: &mut S::Tx,
+        deliveries: &[(Lease, JobId)],
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Vec<Option<Claim>>, StoreError>
+    where
+        S::Tx: GroupTransaction,
+    {
+        let leases: Vec<Lease> = deliveries.iter().map(|(lease, _)| lease.clone()).collect();
+        let held = self.hold(tx, &leases).await?;
+        let job_ids: Vec<JobId> = deliveries
+            .iter()
+            .zip(&held)
+            .filter(|(_, held)| **held)
+            .map(|((_, job_id), _)| *job_id)
+            .collect();
+        let mut claims = tx.claim_all(&job_ids, consumer, at).await?.into_iter();
+        Ok(held
+            .into_iter()
+            .map(|held| if held { claims.next() } else { None })
+            .collect())
+    }
 
     /// Settles held deliveries in `tx`: each settlement takes effect if and only if `tx`
     /// commits. Fails, and the transaction must then be rolled back, if one of them is not

@@ -28,6 +28,26 @@ pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether `e` says the connection was closed under the statement (the server terminated
+/// it, restarted, or the socket was reset), as opposed to the server being unreachable: a
+/// statement on another connection may succeed at once.
+pub(crate) fn is_broken_connection(e: &sqlx::Error) -> bool {
+    use std::io::ErrorKind;
+    match e {
+        sqlx::Error::Io(io) => matches!(
+            io.kind(),
+            ErrorKind::UnexpectedEof
+                | ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::BrokenPipe
+        ),
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code == "57P01" || code == "57P02"),
+        _ => false,
+    }
+}
+
 /// `what` failed with `e`: a conflict ([`CONFLICT_SQLSTATES`]) is [`StoreError::Conflict`],
 /// else classified by [`is_transient`]; the sqlx error is kept as source.
 pub(crate) fn store_error(what: &str, e: sqlx::Error) -> StoreError {

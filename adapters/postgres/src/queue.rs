@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use jobs_core::{
-    Clock, ConsumerPort, Delivery, Depth, Envelope, JobId, Lease, PublishOptions, QueueDepth,
-    QueueError, QueueName, QueuePort, Receipt, SettleInTransaction, Settlement, StoreError,
-    SystemClock,
+    Claim, Clock, ConsumerName, ConsumerPort, Delivery, Depth, Envelope, JobId, Lease,
+    PublishOptions, QueueDepth, QueueError, QueueName, QueuePort, Receipt, SettleInTransaction,
+    Settlement, StoreError, SystemClock,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgListener, PgRow};
@@ -572,6 +572,64 @@ impl SettleInTransaction<PgStore> for PgQueue {
         .map_err(|e| store_error("hold a group in core.jobs", e))?;
         let held: HashSet<i64> = held.into_iter().collect();
         Ok(ids.iter().map(|id| held.contains(id)).collect())
+    }
+
+    /// One statement: the rows held as [`hold`](Self::hold) does, and the jobs of those held
+    /// claimed as [`claim_all`](jobs_core::GroupTransaction::claim_all) does, in job id order.
+    async fn hold_and_claim(
+        &self,
+        tx: &mut PgWorkTx,
+        deliveries: &[(Lease, JobId)],
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Vec<Option<Claim>>, StoreError> {
+        let leases: Vec<Lease> = deliveries.iter().map(|(lease, _)| lease.clone()).collect();
+        let (ids, generations) = tokens(&leases);
+        let job_ids: Vec<Uuid> = deliveries.iter().map(|(_, id)| id.as_uuid()).collect();
+        let (held, claimed): (Vec<i64>, Vec<Uuid>) = sqlx::query_as(
+            "with held as materialized ( \
+                 select j.id from core.jobs j \
+                 join unnest($1::bigint[], $2::bigint[]) as l(id, gen) \
+                   on j.id = l.id and j.lease_gen = l.gen \
+                 where j.leased order by j.id for update of j), \
+             claimed as ( \
+                 insert into core.processed_jobs (job_id, consumer, processed_at) \
+                 select distinct d.job_id, $4, $5 \
+                 from unnest($1::bigint[], $3::uuid[]) as d(id, job_id) join held using (id) \
+                 order by d.job_id \
+                 on conflict (job_id, consumer) do nothing returning job_id) \
+             select (select coalesce(array_agg(id), '{}') from held), \
+                    (select coalesce(array_agg(job_id), '{}') from claimed)",
+        )
+        .bind(&ids)
+        .bind(&generations)
+        .bind(&job_ids)
+        .bind(consumer.as_str())
+        .bind(to_timestamp(at)?)
+        .fetch_one(tx.own())
+        .await
+        .map_err(|e| store_error("hold and claim a group", e))?;
+        let held: HashSet<i64> = held.into_iter().collect();
+        let held_jobs: Vec<JobId> = deliveries
+            .iter()
+            .zip(&ids)
+            .filter(|(_, id)| held.contains(id))
+            .map(|((_, job_id), _)| *job_id)
+            .collect();
+        let mut claims = tx
+            .claims(&held_jobs, claimed.into_iter().collect(), consumer)
+            .await?
+            .into_iter();
+        Ok(ids
+            .iter()
+            .map(|id| {
+                if held.contains(id) {
+                    claims.next()
+                } else {
+                    None
+                }
+            })
+            .collect())
     }
 
     /// One statement: acks deleted, retries and deferrals released to their time (a deferral

@@ -41,6 +41,50 @@ const NEXT_CHECKPOINT: &str = "release savepoint jobs_checkpoint; savepoint jobs
 const UNDO: &str = "rollback to savepoint jobs_checkpoint";
 
 impl PgWorkTx {
+    /// The claims of `job_ids` for `consumer`, given those `claimed` just now: the others were
+    /// settled before, and a second statement tells a dead letter waiting for review from a
+    /// processed job, only when there are such.
+    pub(crate) async fn claims(
+        &mut self,
+        job_ids: &[JobId],
+        mut claimed: HashSet<Uuid>,
+        consumer: &ConsumerName,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let settled: Vec<Uuid> = job_ids
+            .iter()
+            .map(|id| id.as_uuid())
+            .filter(|id| !claimed.contains(id))
+            .collect();
+        let waiting: HashSet<Uuid> = if settled.is_empty() {
+            HashSet::new()
+        } else {
+            sqlx::query_scalar::<_, Uuid>(
+                "select job_id from core.dead_letters \
+                 where job_id = any($1) and consumer = $2 and status = 'pending_review'",
+            )
+            .bind(&settled)
+            .bind(consumer.as_str())
+            .fetch_all(self.own())
+            .await
+            .map_err(|e| store_error("read core.dead_letters", e))?
+            .into_iter()
+            .collect()
+        };
+        Ok(job_ids
+            .iter()
+            .map(|id| {
+                let id = id.as_uuid();
+                if claimed.remove(&id) {
+                    Claim::Claimed
+                } else if waiting.contains(&id) {
+                    Claim::DeadLettered
+                } else {
+                    Claim::AlreadyProcessed
+                }
+            })
+            .collect())
+    }
+
     pub(crate) fn new(tx: Transaction<'static, Postgres>) -> Self {
         PgWorkTx {
             tx,
@@ -188,39 +232,8 @@ impl GroupTransaction for PgWorkTx {
         .fetch_one(self.own())
         .await
         .map_err(|e| store_error("claim a group in core.processed_jobs", e))?;
-        let mut claimed: HashSet<Uuid> = claimed.into_iter().collect();
-        let settled: Vec<Uuid> = sorted
-            .into_iter()
-            .filter(|id| !claimed.contains(id))
-            .collect();
-        let waiting: HashSet<Uuid> = if settled.is_empty() {
-            HashSet::new()
-        } else {
-            sqlx::query_scalar::<_, Uuid>(
-                "select job_id from core.dead_letters \
-                 where job_id = any($1) and consumer = $2 and status = 'pending_review'",
-            )
-            .bind(&settled)
-            .bind(consumer.as_str())
-            .fetch_all(self.own())
+        self.claims(job_ids, claimed.into_iter().collect(), consumer)
             .await
-            .map_err(|e| store_error("read core.dead_letters", e))?
-            .into_iter()
-            .collect()
-        };
-        Ok(job_ids
-            .iter()
-            .map(|id| {
-                let id = id.as_uuid();
-                if claimed.remove(&id) {
-                    Claim::Claimed
-                } else if waiting.contains(&id) {
-                    Claim::DeadLettered
-                } else {
-                    Claim::AlreadyProcessed
-                }
-            })
-            .collect())
     }
 
     fn take_touched(&mut self) -> bool {

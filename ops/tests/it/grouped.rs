@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jobs_adapter_postgres::{PgQueue, PgStore, PgWorkTx, sqlx};
 use jobs_consumers::{
-    DeadReason, Handler, Job, JobError, Outcome, Worker, WorkerConfig, WorkerError,
+    DeadReason, Handler, Job, JobError, Outcome, QueuePolicy, RetryPolicy, Worker, WorkerConfig,
+    WorkerError,
 };
 use jobs_core::{
     ConsumerName, Envelope, ManualClock, PublishOptions, QueueDepth, QueueName, QueuePort,
@@ -616,5 +617,84 @@ async fn when_the_first_job_to_write_fails_the_group_starts_again_without_it() {
         claims, 2,
         "jobs 0 and 2 claimed again in the second pass, job 1 not"
     );
+    f.db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_connections_are_killed_drains_each_job_once() {
+    // The pool a worker gets (`PgStore::connect_sized`) does not ping before each acquire: a
+    // connection killed under it fails the statement that uses it, and the worker goes on.
+    let f = Fixture::new().await;
+    let jobs = 3_000;
+    let batch: Vec<jobs_adapter_postgres::NewJob> = (0..jobs)
+        .map(|n| jobs_adapter_postgres::NewJob {
+            envelope: f.envelope(n, "ok"),
+            opts: PublishOptions::default(),
+        })
+        .collect();
+    f.queue
+        .publish_batch(&f.name, &batch)
+        .await
+        .expect("publish");
+    let mut cfg = config(16);
+    cfg.concurrency = 4;
+    cfg.lease = Duration::from_secs(2);
+    cfg.poll_interval = Duration::from_millis(100);
+    let separator = if f.db.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{separator}application_name=killed_worker", f.db.url);
+    let store = PgStore::connect_sized(&url, cfg.connections())
+        .await
+        .expect("connect");
+    let queue = Arc::new(PgQueue::new(store.pool().clone()));
+    let worker = Worker::builder(
+        ConsumerName::try_from("test.grouped").expect("valid"),
+        f.name.clone(),
+        queue.clone(),
+        Arc::new(store.clone()),
+        Arc::new(store.clone()),
+    )
+    .grouped(queue)
+    .handler(KIND.parse().expect("valid"), f.handler.clone())
+    // A handler whose statement the kill fails says retry: soon, for the test.
+    .policy(
+        QueuePolicy::new(
+            f.name.clone(),
+            RetryPolicy::new(5, Duration::from_millis(200), Duration::from_secs(1)).expect("valid"),
+            "the test kills connections under handlers",
+        )
+        .expect("valid"),
+    )
+    .config(cfg)
+    .build()
+    .expect("valid");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(Arc::new(worker).run(async {
+        let _ = stopped.await;
+    }));
+    let mut kills = 0;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let killed: Vec<bool> = sqlx::query_scalar(
+            "select pg_terminate_backend(pid) from pg_stat_activity \
+             where application_name = 'killed_worker'",
+        )
+        .fetch_all(&f.pool)
+        .await
+        .expect("terminate the worker's connections");
+        kills += killed.len();
+    }
+    assert!(kills > 0, "the worker's connections were killed");
+    let expected: Vec<i64> = (0..jobs).collect();
+    for _ in 0..600 {
+        if f.effects().await.len() >= expected.len() && f.pending().await == 0 {
+            break;
+        }
+
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send(()).expect("the worker runs");
+    running.await.expect("the worker stops");
+    assert_eq!(f.effects().await, expected, "each job's effect once");
+    assert_eq!(f.pending().await, 0, "nothing left in core.jobs");
     f.db.drop_db().await;
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use jobs_adapter_postgres::{NewJob, PgQueue, PgStore, PgWorkTx, Wake, sqlx};
 use jobs_core::{
-    Clock, ConsumerPort, GroupTransaction, ManualClock, PublishOptions, QueueDepth, QueueError,
-    QueueName, QueuePort, SettleInTransaction, Settlement, StoreError, WorkStore, WorkTransaction,
+    Claim, Clock, ConsumerName, ConsumerPort, GroupTransaction, ManualClock, PublishOptions,
+    QueueDepth, QueueError, QueueName, QueuePort, SettleInTransaction, Settlement, StoreError,
+    WorkStore, WorkTransaction,
 };
 use jobs_testkit::contract::queue::{self, QueueUnderTest};
 use jobs_testkit::fixtures;
@@ -197,6 +198,66 @@ async fn count(pool: &PgPool, table: &str) -> i64 {
         .fetch_one(pool)
         .await
         .expect("count")
+}
+
+#[tokio::test]
+async fn hold_and_claim_claims_only_the_jobs_whose_leases_hold() {
+    with_databases(|dbs| async move {
+        let (queue, clock) = queue(&dbs).await;
+        let store = PgStore::from_pool(queue.pool().clone());
+        let consumer = ConsumerName::try_from("group.consumer").expect("valid");
+        let q = name("group.claims");
+        let envelopes: Vec<_> = (0..4).map(|n| fixtures::envelope(1, n)).collect();
+        for envelope in &envelopes {
+            queue
+                .publish(&q, envelope, PublishOptions::default())
+                .await
+                .expect("publish");
+        }
+        let first = queue.receive(&q, 4, LEASE).await.expect("receive");
+        let job = |i: usize| envelopes[i].job_id;
+        // Job 0's lease goes to another worker; job 1 was processed by an earlier copy.
+        clock.advance(LEASE * 2);
+        let taken = queue.receive(&q, 1, LEASE).await.expect("receive");
+        assert_eq!(taken[0].message_id, first[0].message_id);
+        let mut tx = store.begin().await.expect("begin");
+        tx.claim(job(1), &consumer, clock.now())
+            .await
+            .expect("claim");
+        tx.commit().await.expect("commit");
+
+        let deliveries: Vec<_> = (0..4).map(|i| (first[i].lease.clone(), job(i))).collect();
+        let mut tx = store.begin().await.expect("begin");
+        let claims = queue
+            .hold_and_claim(&mut tx, &deliveries, &consumer, clock.now())
+            .await
+            .expect("hold and claim");
+        assert_eq!(
+            claims,
+            [
+                None,
+                Some(Claim::AlreadyProcessed),
+                Some(Claim::Claimed),
+                Some(Claim::Claimed),
+            ],
+            "a lease not held claims nothing; the others answer as claim_all does"
+        );
+        tx.commit().await.expect("commit");
+        let claimed: Vec<sqlx::types::Uuid> = sqlx::query_scalar(
+            "select job_id from core.processed_jobs where consumer = $1 order by job_id",
+        )
+        .bind(consumer.as_str())
+        .fetch_all(queue.pool())
+        .await
+        .expect("claims");
+        let mut expected: Vec<_> = (1..4).map(|i| job(i).as_uuid()).collect();
+        expected.sort_unstable();
+        assert_eq!(
+            claimed, expected,
+            "job 0 is not claimed by the stale holder"
+        );
+    })
+    .await;
 }
 
 #[tokio::test]

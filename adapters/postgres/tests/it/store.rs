@@ -88,6 +88,48 @@ async fn unreachable_server_is_unavailable() {
 }
 
 #[tokio::test]
+async fn begin_gets_past_pooled_connections_the_server_closed() {
+    with_databases(|dbs| async move {
+        // A worker's pool pings no connection before handing it out.
+        let options = dbs.create().await.application_name("closed_under_the_pool");
+        let pool = PgStore::pool_options(3)
+            .min_connections(3)
+            .connect_with(options)
+            .await
+            .expect("connect");
+        let store = PgStore::from_pool(pool.clone());
+        for _ in 0..100 {
+            if pool.num_idle() == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(pool.num_idle(), 3, "three idle connections");
+        let admin = dbs.pool().await;
+        let killed: Vec<bool> = sqlx::query_scalar(
+            "select pg_terminate_backend(pid) from pg_stat_activity \
+             where application_name = 'closed_under_the_pool'",
+        )
+        .fetch_all(&admin)
+        .await
+        .expect("terminate");
+        assert_eq!(killed, [true, true, true]);
+        admin.close().await;
+        let mut tx = store
+            .begin()
+            .await
+            .expect("another connection once each closed one fails");
+        let one: i32 = sqlx::query_scalar("select 1")
+            .fetch_one(tx.conn())
+            .await
+            .expect("the transaction works");
+        assert_eq!(one, 1);
+        tx.rollback().await.expect("rollback");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn missing_schema_is_a_permanent_failure() {
     with_databases(|dbs| async move {
         let store = PgStore::from_pool(dbs.pool().await);
