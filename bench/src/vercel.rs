@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::support;
 use anyhow::Result;
 use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueuesConfig, topic_of};
-use jobs_core::{ConsumerPort, Envelope, PublishOptions, QueueName, QueuePort};
+use jobs_core::{Envelope, PublishOptions, PullPort, QueueName, QueuePort, SettlePort};
 use jobs_testkit::emulators::VercelQueuesEmulator;
 use reqwest::Url;
 

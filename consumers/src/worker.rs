@@ -11,9 +11,9 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use jobs_core::{
     Claim, Clock, ConsumerName, ConsumerPort, CorrelationId, DeadLetterId, DeadLetterStore,
-    DecodeLimits, Delivery, Envelope, GroupTransaction, JobId, Kind, NewDeadLetter, QueueError,
-    QueueName, Recorded, SettleInTransaction, StoreError, SystemClock, TenantId, WorkStore,
-    WorkTransaction,
+    DecodeLimits, Delivery, Envelope, GroupTransaction, JobId, Kind, NewDeadLetter, PullPort,
+    QueueError, QueueName, Recorded, SettleInTransaction, SettlePort, StoreError, SystemClock,
+    TenantId, WorkStore, WorkTransaction,
 };
 use serde_json::Value;
 use thiserror::Error;
@@ -122,7 +122,7 @@ pub struct WorkerConfig {
     /// handler runs.
     pub lease: Duration,
     /// How long to wait before polling an empty queue again, unless the transport's wake-up
-    /// ([`ConsumerPort::wait_for_work`]) comes first. With a transport that notifies, this
+    /// ([`PullPort::wait_for_work`]) comes first. With a transport that notifies, this
     /// bounds only the latency of delays and retries falling due.
     pub poll_interval: Duration,
     /// How long in-flight jobs may finish after shutdown is asked; the rest are left unacked
@@ -143,6 +143,10 @@ pub struct WorkerConfig {
 /// The largest group: PostgreSQL keeps the subtransactions of 64 savepoints per backend in
 /// shared memory and spills to disk past that, which slows every session's snapshots.
 pub const MAX_GROUP_SIZE: usize = 64;
+
+/// Why a worker built for a push transport does not run a loop.
+const NOTHING_TO_PULL: &str = "this worker has nothing to pull (built with \
+    Worker::push_builder): its transport delivers through Worker::process";
 
 /// The most jobs one fetch of a grouped worker leases: enough for many groups at once when
 /// the fetch falls behind them, few enough that one statement stays short.
@@ -178,7 +182,11 @@ impl WorkerConfig {
 pub struct WorkerBuilder<S: WorkStore> {
     consumer: ConsumerName,
     queue: QueueName,
-    transport: Arc<dyn ConsumerPort>,
+    settle: Arc<dyn SettlePort>,
+    /// The transport's pull side; none for a push transport.
+    pull: Option<Arc<dyn PullPort>>,
+    /// A layer given to [`WorkerBuilder::pull`], which replaces the transport's.
+    layer: Option<Arc<dyn PullPort>>,
     store: Arc<S>,
     dead_letters: Arc<dyn DeadLetterStore>,
     handlers: HashMap<Kind, Arc<dyn ErasedHandler<S::Tx>>>,
@@ -229,6 +237,14 @@ impl<S: WorkStore> WorkerBuilder<S> {
         self
     }
 
+    /// Fetches through `pull`, a layer over the pull side of the worker's transport that
+    /// decides what to hand out (a priority gate), while deliveries are still settled through
+    /// the transport itself. Its deliveries must be the transport's: the layer passes them on.
+    pub fn pull(mut self, pull: Arc<dyn PullPort>) -> Self {
+        self.layer = Some(pull);
+        self
+    }
+
     /// Runs grouped: `queue`, kept in the store's own database, becomes the transport, and
     /// several of its jobs run in one work transaction that also settles them, committing once
     /// (up to [`WorkerConfig::group_size`]). Each job still succeeds or fails alone: its writes
@@ -236,13 +252,14 @@ impl<S: WorkStore> WorkerBuilder<S> {
     /// unsettled (its worker may have died on it) runs alone, after the jobs fetched with it
     /// and with nothing else in flight, so one that crashes the process cannot take other jobs'
     /// attempts with it twice. [`build`](Self::build) refuses a queue that does not share the
-    /// store's transactions.
+    /// store's transactions. A layer given to [`pull`](Self::pull) still fetches for it.
     pub fn grouped<Q>(mut self, queue: Arc<Q>) -> Self
     where
-        Q: SettleInTransaction<S> + 'static,
+        Q: SettleInTransaction<S> + PullPort + 'static,
         S::Tx: GroupTransaction,
     {
-        self.transport = queue.clone();
+        self.settle = queue.clone();
+        self.pull = Some(queue.clone());
         self.groups = Some(Arc::new(GroupsOf(queue)));
         self
     }
@@ -291,7 +308,8 @@ impl<S: WorkStore> WorkerBuilder<S> {
         Ok(Worker {
             consumer: self.consumer,
             queue: self.queue,
-            transport: self.transport,
+            settle: self.settle,
+            pull: self.layer.or(self.pull),
             store: self.store,
             dead_letters: self.dead_letters,
             handlers: self.handlers,
@@ -314,7 +332,10 @@ impl<S: WorkStore> WorkerBuilder<S> {
 pub struct Worker<S: WorkStore> {
     pub(crate) consumer: ConsumerName,
     queue: QueueName,
-    transport: Arc<dyn ConsumerPort>,
+    settle: Arc<dyn SettlePort>,
+    /// Where deliveries come from; none for a push transport, whose deliveries arrive through
+    /// [`Worker::process`].
+    pull: Option<Arc<dyn PullPort>>,
     pub(crate) store: Arc<S>,
     dead_letters: Arc<dyn DeadLetterStore>,
     handlers: HashMap<Kind, Arc<dyn ErasedHandler<S::Tx>>>,
@@ -379,7 +400,8 @@ impl<S: WorkStore> Worker<S>
 where
     S::Tx: Send,
 {
-    /// Starts building the worker of `consumer` on `queue`.
+    /// Starts building the worker of `consumer` on `queue`, pulling from `transport` and
+    /// settling through it.
     pub fn builder(
         consumer: ConsumerName,
         queue: QueueName,
@@ -387,10 +409,29 @@ where
         store: Arc<S>,
         dead_letters: Arc<dyn DeadLetterStore>,
     ) -> WorkerBuilder<S> {
+        let mut builder =
+            Self::push_builder(consumer, queue, transport.clone(), store, dead_letters);
+        builder.pull = Some(transport);
+        builder
+    }
+
+    /// Starts building the worker of `consumer` on `queue` for a push transport, which
+    /// delivers each message through [`Worker::process`] and settles it through `settle`.
+    /// Such a worker has nothing to pull: [`run`](Self::run) and
+    /// [`run_once`](Self::run_once) refuse to start.
+    pub fn push_builder(
+        consumer: ConsumerName,
+        queue: QueueName,
+        settle: Arc<dyn SettlePort>,
+        store: Arc<S>,
+        dead_letters: Arc<dyn DeadLetterStore>,
+    ) -> WorkerBuilder<S> {
         WorkerBuilder {
             consumer,
             queue,
-            transport,
+            settle,
+            pull: None,
+            layer: None,
             store,
             dead_letters,
             handlers: HashMap::new(),
@@ -414,18 +455,22 @@ where
     /// to the concurrency; grouped, up to the group size, run as the groups the loop would
     /// make of it, one after another.
     pub async fn run_once(&self) -> Result<Vec<Outcome>, QueueError> {
+        let Some(pull) = &self.pull else {
+            return Err(QueueError::Rejected {
+                queue: self.queue.clone(),
+                reason: NOTHING_TO_PULL.to_owned(),
+            });
+        };
         let outcomes = match &self.groups {
             None => {
-                let deliveries = self
-                    .transport
+                let deliveries = pull
                     .receive(&self.queue, self.config.concurrency, self.config.lease)
                     .await?;
                 futures_util::future::join_all(deliveries.into_iter().map(|d| self.process(d)))
                     .await
             }
             Some(groups) => {
-                let mut buffer: VecDeque<Delivery> = self
-                    .transport
+                let mut buffer: VecDeque<Delivery> = pull
                     .receive(&self.queue, self.config.group_size, self.config.lease)
                     .await?
                     .into();
@@ -445,21 +490,29 @@ where
 
     /// Runs until `shutdown` completes: receives, processes up to `concurrency` deliveries (or,
     /// grouped, groups) at once, extends leases of long handlers. When the queue is empty it
-    /// waits for the transport's wake-up ([`ConsumerPort::wait_for_work`]) or the poll
+    /// waits for the transport's wake-up ([`PullPort::wait_for_work`]) or the poll
     /// interval, whichever comes first, so a job published to an idle worker starts without
     /// waiting out the poll. On shutdown it stops receiving, gives back what it fetched but
     /// did not start, lets in-flight jobs finish within the grace period and abandons the rest
     /// unacked (they are delivered again elsewhere).
     pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()> + Send) {
+        let Some(pull) = self.pull.clone() else {
+            tracing::error!(queue = %self.queue, "{NOTHING_TO_PULL}");
+            return;
+        };
         match self.groups.clone() {
-            Some(groups) => self.run_grouped(groups, shutdown).await,
-            None => self.run_each(shutdown).await,
+            Some(groups) => self.run_grouped(pull, groups, shutdown).await,
+            None => self.run_each(pull, shutdown).await,
         }
     }
 
     /// [`Worker::run`] per job: a work transaction, and settlements through the transport, per
     /// delivery.
-    async fn run_each(self: Arc<Self>, shutdown: impl Future<Output = ()> + Send) {
+    async fn run_each(
+        self: Arc<Self>,
+        pull: Arc<dyn PullPort>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) {
         let permits = Arc::new(Semaphore::new(self.config.concurrency));
         let mut in_flight = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -471,7 +524,7 @@ where
             } else {
                 tokio::select! {
                     () = &mut shutdown => break,
-                    r = self.transport.receive(&self.queue, free, self.config.lease) => Some(r),
+                    r = pull.receive(&self.queue, free, self.config.lease) => Some(r),
                 }
             };
             let idle = match received {
@@ -504,7 +557,7 @@ where
             if let Some(alerts) = &self.alerts {
                 alerts.flush().await;
             }
-            if self.idle(idle, &mut shutdown).await.is_break() {
+            if self.idle(&*pull, idle, &mut shutdown).await.is_break() {
                 break;
             }
         }
@@ -517,6 +570,7 @@ where
     /// are free slots plus a group, so a fetch slower than the groups brings more each time.
     async fn run_grouped(
         self: Arc<Self>,
+        pull: Arc<dyn PullPort>,
         groups: Arc<dyn Groups<S>>,
         shutdown: impl Future<Output = ()> + Send,
     ) {
@@ -565,7 +619,7 @@ where
                 let room = (permits.available_permits() + 1)
                     .saturating_mul(size)
                     .saturating_sub(buffer.len());
-                fetching = Some(self.fetch(room.min(most)));
+                fetching = Some(self.fetch(&pull, room.min(most)));
             }
             tokio::select! {
                 biased;
@@ -573,7 +627,7 @@ where
                 fetched = async { fetching.as_mut().expect("guarded").await }, if fetching.is_some() => {
                     fetching = None;
                     match fetched {
-                        Ok(batch) if batch.is_empty() => waiting = Some(self.wake_or_poll()),
+                        Ok(batch) if batch.is_empty() => waiting = Some(self.wake_or_poll(&pull)),
                         Ok(batch) => {
                             // One suspect a fetch; the others are given back at once, attempt
                             // unspent, so that none of them is leased while it runs.
@@ -624,16 +678,17 @@ where
     /// configuration says so.
     fn fetch(
         self: &Arc<Self>,
+        pull: &Arc<dyn PullPort>,
         limit: usize,
     ) -> BoxFuture<'static, Result<Vec<Delivery>, QueueError>> {
-        let worker = self.clone();
+        let (worker, pull) = (self.clone(), pull.clone());
         Box::pin(async move {
             let (queue, lease) = (&worker.queue, worker.config.lease);
-            let mut batch = worker.transport.receive(queue, limit, lease).await?;
+            let mut batch = pull.receive(queue, limit, lease).await?;
             let missing = worker.config.group_size.saturating_sub(batch.len());
             if !batch.is_empty() && missing > 0 && !worker.config.group_linger.is_zero() {
                 tokio::time::sleep(worker.config.group_linger).await;
-                match worker.transport.receive(queue, missing, lease).await {
+                match pull.receive(queue, missing, lease).await {
                     Ok(more) => batch.extend(more),
                     Err(e) => tracing::warn!(queue = %queue, error = %e, "receive failed"),
                 }
@@ -644,12 +699,12 @@ where
 
     /// Until the transport's wake-up or the next poll, whichever is first (the poll also
     /// covers delays and retries falling due).
-    fn wake_or_poll(self: &Arc<Self>) -> BoxFuture<'static, ()> {
-        let worker = self.clone();
+    fn wake_or_poll(self: &Arc<Self>, pull: &Arc<dyn PullPort>) -> BoxFuture<'static, ()> {
+        let (worker, pull) = (self.clone(), pull.clone());
         Box::pin(async move {
             tokio::select! {
                 () = tokio::time::sleep(worker.config.poll_interval) => {}
-                () = worker.transport.wait_for_work(&worker.queue) => {}
+                () = pull.wait_for_work(&worker.queue) => {}
             }
         })
     }
@@ -658,6 +713,7 @@ where
     /// empty, for the poll when the receive failed. Breaks when shutdown comes first.
     async fn idle(
         &self,
+        pull: &dyn PullPort,
         idle: Idle,
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> ControlFlow<()> {
@@ -669,7 +725,7 @@ where
                 tokio::select! {
                     () = shutdown => return ControlFlow::Break(()),
                     () = tokio::time::sleep(self.config.poll_interval) => {}
-                    () = self.transport.wait_for_work(&self.queue) => {}
+                    () = pull.wait_for_work(&self.queue) => {}
                 }
             }
             // A failing transport is polled, never woken into a tight loop.
@@ -688,7 +744,7 @@ where
     async fn release(&self, deliveries: impl IntoIterator<Item = Delivery>) {
         let now = self.clock.now();
         for delivery in deliveries {
-            if let Err(e) = self.transport.defer(&delivery.lease, now).await {
+            if let Err(e) = self.settle.defer(&delivery.lease, now).await {
                 tracing::warn!(queue = %self.queue, error = %e, "could not give back a fetched job; it returns after its lease");
             }
         }
@@ -824,7 +880,7 @@ where
             Ok(Claim::AlreadyProcessed | Claim::DeadLettered) => {
                 rollback(tx).await;
                 self.count("jobs_duplicate_skipped_total", &kind);
-                return match self.transport.ack(&delivery.lease).await {
+                return match self.settle.ack(&delivery.lease).await {
                     Ok(()) => Outcome::Duplicate,
                     Err(e) => unsettled("ack of a duplicate", &e),
                 };
@@ -843,7 +899,7 @@ where
             Ok(()) => match tx.commit().await {
                 Ok(()) => {
                     self.count("jobs_processed_total", &kind);
-                    match self.transport.ack(&delivery.lease).await {
+                    match self.settle.ack(&delivery.lease).await {
                         Ok(()) => Outcome::Processed,
                         // Committed: the redelivery will be skipped as a duplicate.
                         Err(e) => unsettled("ack after commit", &e),
@@ -868,7 +924,7 @@ where
                     Backoff::RetryIn(delay) => {
                         let at = self.clock.now() + delay;
                         tracing::warn!(error = %error, retry_in = ?delay, "job failed; will retry");
-                        match self.transport.retry_at(&delivery.lease, at).await {
+                        match self.settle.retry_at(&delivery.lease, at).await {
                             Ok(()) => {
                                 self.count("jobs_retried_total", &kind);
                                 Outcome::Retrying { at }
@@ -901,7 +957,7 @@ where
             tokio::select! {
                 result = &mut work => return result,
                 () = tokio::time::sleep(every) => {
-                    match self.transport.extend(&lease, self.config.lease).await {
+                    match self.settle.extend(&lease, self.config.lease).await {
                         Ok(extended) => lease = extended,
                         Err(e) => tracing::warn!(error = %e, "could not extend the lease"),
                     }
@@ -978,7 +1034,7 @@ where
             Ok(Some(recorded)) => recorded,
             Ok(None) => {
                 // A copy settled the job first.
-                return match self.transport.ack(&delivery.lease).await {
+                return match self.settle.ack(&delivery.lease).await {
                     Ok(()) => Outcome::Duplicate,
                     Err(e) => unsettled("ack of a duplicate", &e),
                 };
@@ -1038,7 +1094,7 @@ where
     }
 
     async fn ack_dead(&self, delivery: &Delivery, id: DeadLetterId, reason: DeadReason) -> Outcome {
-        match self.transport.ack(&delivery.lease).await {
+        match self.settle.ack(&delivery.lease).await {
             Ok(()) => Outcome::DeadLettered { id, reason },
             Err(e) => unsettled("ack after dead-lettering", &e),
         }
@@ -1057,7 +1113,7 @@ where
     }
 
     async fn defer(&self, delivery: &Delivery, until: SystemTime) -> Outcome {
-        match self.transport.defer(&delivery.lease, until).await {
+        match self.settle.defer(&delivery.lease, until).await {
             Ok(()) => Outcome::Deferred { until },
             Err(e) => unsettled("defer", &e),
         }

@@ -6,8 +6,9 @@
 //!
 //! - [`Envelope`]: `{ job_id, tenant_id, correlation_id, kind, data }`, decoded only through
 //!   the strict [`Envelope::decode`], whose errors name the field at fault.
-//! - [`QueuePort`]: publish and schedule. [`ConsumerPort`]: receive with a lease, ack, retry
-//!   at a time, defer, extend. [`QueueDepth`]: an optional capability. [`SettleInTransaction`]:
+//! - [`QueuePort`]: publish and schedule. [`SettlePort`]: ack, retry at a time, defer,
+//!   extend, what every consuming transport offers; [`PullPort`]: receive with a lease and the
+//!   wake-up hint; [`ConsumerPort`]: both, a pull transport. [`QueueDepth`]: an optional capability. [`SettleInTransaction`]:
 //!   the capability of a queue in the store's own database, settling inside the work
 //!   transaction.
 //! - [`WorkStore`] and [`WorkTransaction`]: the idempotent work transaction over
@@ -48,11 +49,11 @@ pub use error::ErrorClass;
 pub use id::{CorrelationId, JobId, TenantId, UUID_PATTERN, UUIDV7_PATTERN, UuidError};
 pub use name::{ConsumerName, Kind, MAX_NAME_LEN, NAME_PATTERN, NameError, QueueName, Rail};
 pub use queue::{
-    ConsumerPort, Delivery, Depth, Lease, PublishOptions, QueueDepth, QueueError, QueuePort,
-    Receipt, SettleInTransaction, Settlement,
+    ConsumerPort, Delivery, Depth, Lease, PublishOptions, PullPort, QueueDepth, QueueError,
+    QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement,
 };
 #[cfg(feature = "mock")]
-pub use queue::{MockConsumerPort, MockQueueDepth, MockQueuePort};
+pub use queue::{MockPullPort, MockQueueDepth, MockQueuePort, MockSettlePort};
 #[cfg(feature = "mock")]
 pub use rate::MockRateLimiter;
 pub use rate::{Acquired, Bucket, BucketKey, RateLimitError, RateLimiter};

@@ -178,7 +178,7 @@ pub struct Delivery {
     /// The bytes as published.
     pub payload: Vec<u8>,
     /// 1 on the first delivery; counted by the transport so it survives worker restarts.
-    /// Deferrals ([`ConsumerPort::defer`]) do not count.
+    /// Deferrals ([`SettlePort::defer`]) do not count.
     pub attempt: u32,
     /// The transport's message id, when it has one.
     pub message_id: Option<String>,
@@ -216,24 +216,15 @@ impl Delivery {
     }
 }
 
-/// The consuming side of a transport, as the worker runtime drives it.
+/// Settling deliveries: what every consuming transport offers, pull or push.
 ///
-/// Pull transports implement it directly. Push transports (an HTTP callback per message)
-/// implement it over the one delivery a request carries, turning the runtime's settlement into
-/// the HTTP answer. Every settlement must be made while the lease is held; a message whose lease
-/// expires unsettled is delivered again, which the idempotent runtime then skips or retries.
+/// Push transports (an HTTP callback per message) implement only this, over the one delivery a
+/// request carries, turning the runtime's settlement into the HTTP answer. Every settlement
+/// must be made while the lease is held; a message whose lease expires unsettled is delivered
+/// again, which the idempotent runtime then skips or retries.
 #[cfg_attr(feature = "mock", mockall::automock)]
 #[async_trait]
-pub trait ConsumerPort: Send + Sync {
-    /// Leases up to `max` ready messages of `queue` for `lease` each. An empty answer means
-    /// nothing is ready now; it never waits for messages to arrive.
-    async fn receive(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<Delivery>, QueueError>;
-
+pub trait SettlePort: Send + Sync {
     /// Settles the delivery for good: the message is never delivered again.
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError>;
 
@@ -247,9 +238,27 @@ pub trait ConsumerPort: Send + Sync {
 
     /// Keeps the message invisible for `by` from now, for handlers that outlive their lease.
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError>;
+}
+
+/// The pull capability: leasing ready messages, and a hint that some may have arrived.
+///
+/// The deliveries it hands out are settled through the transport's [`SettlePort`], so a layer
+/// that only decides what to fetch (a priority gate) implements this alone and wraps the pull
+/// side of the transport it gates.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait PullPort: Send + Sync {
+    /// Leases up to `max` ready messages of `queue` for `lease` each. An empty answer means
+    /// nothing is ready now; it never waits for messages to arrive.
+    async fn receive(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError>;
 
     /// Resolves when work may have arrived on `queue`, so that a worker idle after an empty
-    /// [`ConsumerPort::receive`] receives again at once instead of at its next poll.
+    /// [`PullPort::receive`] receives again at once instead of at its next poll.
     ///
     /// The contract, for callers: it is a hint, never a promise. It may resolve with nothing
     /// ready (another worker took the message, or the transport wakes every waiter), and it may
@@ -265,6 +274,12 @@ pub trait ConsumerPort: Send + Sync {
         std::future::pending::<()>().await;
     }
 }
+
+/// The consuming side of a pull transport, as the worker runtime drives it: [`PullPort`] and
+/// [`SettlePort`] on one object. Implemented for every type that implements both.
+pub trait ConsumerPort: SettlePort + PullPort {}
+
+impl<T: SettlePort + PullPort + ?Sized> ConsumerPort for T {}
 
 /// How a grouped worker settles one delivery inside the work transaction
 /// ([`SettleInTransaction::settle`]). A dead letter is an [`Settlement::Ack`] in the transaction
@@ -287,10 +302,10 @@ pub enum Settlement {
 /// A worker is given it by type when it is built (`WorkerBuilder::grouped` in
 /// `jobs-consumers`), never discovered at run time, so a layer that does not forward it cannot
 /// drop it silently: such a layer simply does not implement this trait. The leases themselves
-/// come from the queue's [`ConsumerPort::receive`], committed on their own, so a crash still
+/// come from the queue's [`PullPort::receive`], committed on their own, so a crash still
 /// counts the attempt.
 #[async_trait]
-pub trait SettleInTransaction<S: WorkStore>: ConsumerPort {
+pub trait SettleInTransaction<S: WorkStore>: SettlePort {
     /// `Ok` when `store`'s transactions run on this queue's database, so that a statement of
     /// this queue inside them is atomic with the claim; else why not, for the worker's build to
     /// refuse.

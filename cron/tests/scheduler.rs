@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use jobs_adapter_memory::{MemoryQueue, MemoryTenantDirectory};
 use jobs_core::{
-    Clock, ConsumerPort, DirectoryError, Envelope, ErrorClass, Kind, ManualClock, QueueError,
-    QueueName, QueuePort, Receipt, Tenant, TenantDirectory, TenantId, TenantPage,
+    Clock, DirectoryError, Envelope, ErrorClass, Kind, ManualClock, PullPort, QueueError,
+    QueueName, QueuePort, Receipt, SettlePort, Tenant, TenantDirectory, TenantId, TenantPage,
 };
 use jobs_cron::{
     CatchUp, CronError, CronTask, DATA_FRESHNESS_KIND, Scheduler, TierRule, USAGE_SNAPSHOT_KIND,

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jobs_adapter_memory::{MemoryQueue, MemoryRateLimiter};
 use jobs_core::{
-    Acquired, Bucket, Clock, ConsumerPort, Email, EmailError, EmailProvider, Envelope, JobId,
-    ManualClock, QueueDepth, QueueName, RateLimiter,
+    Acquired, Bucket, Clock, Email, EmailError, EmailProvider, Envelope, JobId, ManualClock,
+    PullPort, QueueDepth, QueueName, RateLimiter,
 };
 use jobs_notifications::{
     Blast, EmailChunk, EmailSender, ProviderLimits, SEND_EMAIL_KIND, SendError, chunk_emails,

@@ -7,19 +7,26 @@ use std::time::Duration;
 
 use jobs_adapter_memory::MemoryQueue;
 use jobs_core::{
-    ConsumerPort, Envelope, JobId, ManualClock, PublishOptions, QueueDepth, QueueName, QueuePort,
+    Envelope, JobId, ManualClock, PublishOptions, PullPort, QueueDepth, QueueName, QueuePort,
+    SettlePort,
 };
 use jobs_notifications::{PriorityGate, TransactionalFirst};
 use jobs_testkit::fixtures;
 
 const LEASE: Duration = Duration::from_secs(60);
 
-/// Receives up to `max` and "sends" (acks) them, returning the job ids sent.
-async fn send(consumer: &dyn ConsumerPort, queue: &QueueName, max: usize) -> Vec<JobId> {
+/// Receives up to `max` through `pull` and "sends" them (acks them through `settle`), returning
+/// the job ids sent.
+async fn send(
+    pull: &dyn PullPort,
+    settle: &dyn SettlePort,
+    queue: &QueueName,
+    max: usize,
+) -> Vec<JobId> {
     let mut sent = vec![];
-    for delivery in consumer.receive(queue, max, LEASE).await.expect("receive") {
+    for delivery in pull.receive(queue, max, LEASE).await.expect("receive") {
         sent.push(Envelope::decode(&delivery.payload).expect("valid").job_id);
-        consumer.ack(&delivery.lease).await.expect("ack");
+        settle.ack(&delivery.lease).await.expect("ack");
     }
     sent
 }
@@ -57,7 +64,7 @@ async fn marketing_waits_while_transactional_is_deep_and_nothing_is_lost() {
         count
     };
     // Marketing flows while transactional is quiet.
-    let early = send(&layered, &marketing, 50).await;
+    let early = send(&layered, &queue, &marketing, 50).await;
     assert_eq!(record(early, &mut sent), 50);
 
     // A transactional burst past the threshold.
@@ -68,12 +75,12 @@ async fn marketing_waits_while_transactional_is_deep_and_nothing_is_lost() {
     let mut marketing_while_deep = 0;
     loop {
         let depth = queue.depth(&transactional).await.expect("depth").pending();
-        let got = send(&layered, &marketing, 50).await;
+        let got = send(&layered, &queue, &marketing, 50).await;
         if depth > 10 && !got.is_empty() {
             marketing_while_deep += got.len();
         }
         let moved = record(got, &mut sent);
-        let urgent = send(&queue, &transactional, 8).await;
+        let urgent = send(&queue, &queue, &transactional, 8).await;
         let moved = moved + record(urgent, &mut sent);
         if moved == 0 {
             break;

@@ -333,7 +333,7 @@ const PROVIDER_LIMIT: usize = 50;
 async fn notifications_scene(out: &mut impl Write) -> Result<()> {
     use jobs_adapter_memory::{MemoryRateLimiter, MemoryStore};
     use jobs_adapter_resend::{ResendConfig, ResendProvider};
-    use jobs_core::{Bucket, ConsumerPort, Email};
+    use jobs_core::{Bucket, Email, PullPort};
     use jobs_notifications::{
         Blast, EmailSender, PriorityGate, ProviderLimits, SEND_EMAIL_KIND, TransactionalFirst,
         publish_emails,
@@ -364,13 +364,13 @@ async fn notifications_scene(out: &mut impl Write) -> Result<()> {
         transactional.clone(),
         gate,
     ));
-    let worker = |name: &QueueName, transport: Arc<dyn ConsumerPort>| -> Result<_> {
+    let worker = |name: &QueueName, pull: Option<Arc<dyn PullPort>>| -> Result<_> {
         let mut config = jobs_consumers::WorkerConfig::default();
         config.concurrency = 8;
-        Ok(Worker::builder(
+        let mut builder = Worker::builder(
             ConsumerName::try_from(format!("{name}.sender").as_str())?,
             name.clone(),
-            transport,
+            Arc::new(queue.clone()),
             Arc::new(store.clone()),
             Arc::new(store.clone()),
         )
@@ -378,11 +378,14 @@ async fn notifications_scene(out: &mut impl Write) -> Result<()> {
             SEND_EMAIL_KIND.parse()?,
             jobs_ops::notify::email_handler(sender.clone(), limiter.clone(), Arc::new(SystemClock)),
         )
-        .config(config)
-        .build()?)
+        .config(config);
+        if let Some(pull) = pull {
+            builder = builder.pull(pull);
+        }
+        Ok(builder.build()?)
     };
-    let urgent = worker(&transactional, Arc::new(queue.clone()))?;
-    let bulk = worker(&marketing, layered.clone())?;
+    let urgent = worker(&transactional, None)?;
+    let bulk = worker(&marketing, Some(layered.clone()))?;
 
     writeln!(
         out,

@@ -5,23 +5,35 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use jobs_core::{ConsumerPort, Delivery, Lease, QueueError, QueueName};
+use jobs_core::{ConsumerPort, Delivery, Lease, PullPort, QueueError, QueueName, SettlePort};
 
 /// A consuming side whose next acks fail, as if the worker died between its commit (or dead
 /// letter) and the ack; it also counts lease extensions. Clones share the counters.
 ///
 /// It keeps the port's default `wait_for_work`, which never resolves: a worker over it finds
 /// work by polling only, which is what tests of the poll fallback need.
-#[derive(Clone)]
-pub struct LosesAcks {
-    inner: Arc<dyn ConsumerPort>,
+///
+/// It wraps whichever sides its transport has: a push transport's settlement alone, or a pull
+/// transport's both.
+pub struct LosesAcks<C: ?Sized = dyn ConsumerPort> {
+    inner: Arc<C>,
     fail_acks: Arc<AtomicUsize>,
     extends: Arc<AtomicUsize>,
 }
 
-impl LosesAcks {
+impl<C: ?Sized> Clone for LosesAcks<C> {
+    fn clone(&self) -> Self {
+        LosesAcks {
+            inner: self.inner.clone(),
+            fail_acks: self.fail_acks.clone(),
+            extends: self.extends.clone(),
+        }
+    }
+}
+
+impl<C: ?Sized> LosesAcks<C> {
     /// Wraps `inner`, failing no ack until [`LosesAcks::lose_next`] is called.
-    pub fn new(inner: Arc<dyn ConsumerPort>) -> Self {
+    pub fn new(inner: Arc<C>) -> Self {
         LosesAcks {
             inner,
             fail_acks: Arc::default(),
@@ -42,7 +54,7 @@ impl LosesAcks {
 }
 
 #[async_trait]
-impl ConsumerPort for LosesAcks {
+impl<C: PullPort + ?Sized> PullPort for LosesAcks<C> {
     async fn receive(
         &self,
         q: &QueueName,
@@ -51,7 +63,10 @@ impl ConsumerPort for LosesAcks {
     ) -> Result<Vec<Delivery>, QueueError> {
         self.inner.receive(q, max, lease).await
     }
+}
 
+#[async_trait]
+impl<C: SettlePort + ?Sized> SettlePort for LosesAcks<C> {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         let failing = self
             .fail_acks

@@ -39,8 +39,8 @@ pub mod model;
 /// ```
 pub mod mock {
     pub use jobs_core::{
-        MockAlerter, MockConsumerPort, MockDeadLetterStore, MockProcessedJobs, MockQueueDepth,
-        MockQueuePort,
+        MockAlerter, MockDeadLetterStore, MockProcessedJobs, MockPullPort, MockQueueDepth,
+        MockQueuePort, MockSettlePort,
     };
 }
 

@@ -39,9 +39,9 @@ use jobs_consumers::{DeadLetters, Handler, Job, JobError, RetryPolicy, Worker, W
 use jobs_core::{
     Claim, Clock, ConsumerName, ConsumerPort, DeadLetter, DeadLetterFilter, DeadLetterId,
     DeadLetterStatus, DeadLetterStore, Delivery, Envelope, GroupTransaction, JobId, Lease,
-    ManualClock, NewDeadLetter, PublishOptions, QueueDepth, QueueError, QueueName, QueuePort,
-    Recorded, SettleInTransaction, Settlement, StoreError, TenantId, Transition, WorkStore,
-    WorkTransaction,
+    ManualClock, NewDeadLetter, PublishOptions, PullPort, QueueDepth, QueueError, QueueName,
+    QueuePort, Recorded, SettleInTransaction, SettlePort, Settlement, StoreError, TenantId,
+    Transition, WorkStore, WorkTransaction,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{
@@ -396,7 +396,7 @@ impl Wire {
 }
 
 #[async_trait]
-impl ConsumerPort for Wire {
+impl PullPort for Wire {
     async fn receive(
         &self,
         q: &QueueName,
@@ -422,6 +422,13 @@ impl ConsumerPort for Wire {
         Ok(out)
     }
 
+    async fn wait_for_work(&self, q: &QueueName) {
+        self.inner.wait_for_work(q).await;
+    }
+}
+
+#[async_trait]
+impl SettlePort for Wire {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         if self.lose_next_ack.swap(false, Ordering::SeqCst) {
             return Err(QueueError::Unavailable {
@@ -450,10 +457,6 @@ impl ConsumerPort for Wire {
 
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
         self.inner.extend(lease, by).await
-    }
-
-    async fn wait_for_work(&self, q: &QueueName) {
-        self.inner.wait_for_work(q).await;
     }
 }
 
@@ -494,7 +497,7 @@ struct GroupWire<S: WorkStore> {
 }
 
 #[async_trait]
-impl<S: WorkStore> ConsumerPort for GroupWire<S> {
+impl<S: WorkStore> PullPort for GroupWire<S> {
     async fn receive(
         &self,
         q: &QueueName,
@@ -504,6 +507,13 @@ impl<S: WorkStore> ConsumerPort for GroupWire<S> {
         self.wire.receive(q, max, lease).await
     }
 
+    async fn wait_for_work(&self, q: &QueueName) {
+        self.wire.wait_for_work(q).await;
+    }
+}
+
+#[async_trait]
+impl<S: WorkStore> SettlePort for GroupWire<S> {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.wire.ack(lease).await
     }
@@ -518,10 +528,6 @@ impl<S: WorkStore> ConsumerPort for GroupWire<S> {
 
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
         self.wire.extend(lease, by).await
-    }
-
-    async fn wait_for_work(&self, q: &QueueName) {
-        self.wire.wait_for_work(q).await;
     }
 }
 

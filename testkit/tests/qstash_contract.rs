@@ -38,8 +38,8 @@ use jobs_adapter_qstash::{
     QUEUE_PLACEHOLDER, Receiver, RetrySchedule, SigningKeys,
 };
 use jobs_core::{
-    Clock, ConsumerPort, Delivery, Envelope, Lease, PublishOptions, QueueError, QueueName,
-    QueuePort, Receipt,
+    Clock, Delivery, Envelope, Lease, PublishOptions, PullPort, QueueError, QueueName, QueuePort,
+    Receipt, SettlePort,
 };
 use jobs_testkit::TimeTravel;
 use jobs_testkit::contract::queue::{self, Capabilities, Dedup, QueueUnderTest};
@@ -286,7 +286,7 @@ impl Bridge {
 }
 
 #[async_trait]
-impl ConsumerPort for Bridge {
+impl PullPort for Bridge {
     async fn receive(
         &self,
         queue: &QueueName,
@@ -338,7 +338,10 @@ impl ConsumerPort for Bridge {
         }
         Ok(out)
     }
+}
 
+#[async_trait]
+impl SettlePort for Bridge {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         let settled = self.inner.push.ack(lease).await;
         self.settle(lease, settled).await

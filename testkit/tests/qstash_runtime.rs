@@ -86,7 +86,7 @@ struct Harness {
     publisher: QStashQueue,
     app: Arc<App>,
     store: MemoryStore,
-    transport: LosesAcks,
+    transport: LosesAcks<PushConsumer>,
     calls: Arc<Mutex<HashMap<u64, u32>>>,
     clock: Arc<FollowsFake>,
     queue: QueueName,
@@ -138,7 +138,7 @@ async fn harness(script: Script) -> Harness {
     let transport = LosesAcks::new(consumer.clone());
     let store = MemoryStore::default();
     let calls = Arc::default();
-    let worker = Worker::builder(
+    let worker = Worker::push_builder(
         ConsumerName::try_from("test.consumer").unwrap(),
         queue.clone(),
         Arc::new(transport.clone()),

@@ -23,8 +23,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_core::{
-    Clock, ConsumerPort, Delivery, Depth, Envelope, Lease, PublishOptions, QueueDepth, QueueError,
-    QueueName, QueuePort, Receipt, SystemClock,
+    Clock, Delivery, Depth, Envelope, Lease, PublishOptions, PullPort, QueueDepth, QueueError,
+    QueueName, QueuePort, Receipt, SettlePort, SystemClock,
 };
 use tokio::sync::Notify;
 
@@ -140,7 +140,7 @@ impl MemoryQueue {
 struct State {
     queues: HashMap<QueueName, Queue>,
     next_id: u64,
-    /// Per queue, the wake-up of [`ConsumerPort::wait_for_work`].
+    /// Per queue, the wake-up of [`PullPort::wait_for_work`].
     wakers: HashMap<QueueName, Arc<Notify>>,
 }
 
@@ -295,7 +295,7 @@ impl QueuePort for MemoryQueue {
 }
 
 #[async_trait]
-impl ConsumerPort for MemoryQueue {
+impl PullPort for MemoryQueue {
     async fn receive(
         &self,
         name: &QueueName,
@@ -338,6 +338,17 @@ impl ConsumerPort for MemoryQueue {
         Ok(deliveries)
     }
 
+    /// Resolves when a message is published ready, or was since the last wait (a wake-up
+    /// nobody awaited is kept for the next call). Delayed messages and retries falling due do
+    /// not wake: the caller's poll covers them.
+    async fn wait_for_work(&self, queue: &QueueName) {
+        let waker = self.lock().waker(queue);
+        waker.notified().await;
+    }
+}
+
+#[async_trait]
+impl SettlePort for MemoryQueue {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.settle(lease, |queue, id, _| {
             if let Some(message) = queue.messages.remove(&id) {
@@ -350,14 +361,6 @@ impl ConsumerPort for MemoryQueue {
         self.settle(lease, |queue, id, now| {
             queue.make_visible_at(id, at.max(now), false);
         })
-    }
-
-    /// Resolves when a message is published ready, or was since the last wait (a wake-up
-    /// nobody awaited is kept for the next call). Delayed messages and retries falling due do
-    /// not wake: the caller's poll covers them.
-    async fn wait_for_work(&self, queue: &QueueName) {
-        let waker = self.lock().waker(queue);
-        waker.notified().await;
     }
 
     async fn defer(&self, lease: &Lease, until: SystemTime) -> Result<(), QueueError> {

@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jobs_adapter_memory::MemoryQueue;
-use jobs_core::{ConsumerPort, Envelope, JobId, ManualClock, PublishOptions, QueueName, QueuePort};
+use jobs_core::{
+    Envelope, JobId, ManualClock, PublishOptions, PullPort, QueueName, QueuePort, SettlePort,
+};
 use jobs_testkit::contract::queue::{self, QueueUnderTest};
 use jobs_testkit::fixtures;
 

@@ -13,7 +13,7 @@
 //! deduplicated.
 //!
 //! With the feature `queue`, the crate is also a transport (ADR 0011): [`PgQueue`] implements
-//! `QueuePort`, `ConsumerPort` and `QueueDepth` over `core.jobs` (batches fetched with
+//! `QueuePort`, `PullPort`, `SettlePort` and `QueueDepth` over `core.jobs` (batches fetched with
 //! `FOR UPDATE SKIP LOCKED`, leases fenced by a generation, delete on ack), with
 //! [`PgQueue::publish_in`] joining the caller's transaction, and `SettleInTransaction` for
 //! [`PgStore`], so a grouped worker holds, runs and settles many jobs in one work transaction;

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use jobs_core::{
-    Claim, Clock, ConsumerName, ConsumerPort, Delivery, Depth, Envelope, JobId, Lease,
-    PublishOptions, QueueDepth, QueueError, QueueName, QueuePort, Receipt, SettleInTransaction,
+    Claim, Clock, ConsumerName, Delivery, Depth, Envelope, JobId, Lease, PublishOptions, PullPort,
+    QueueDepth, QueueError, QueueName, QueuePort, Receipt, SettleInTransaction, SettlePort,
     Settlement, StoreError, SystemClock,
 };
 use sqlx::pool::PoolConnection;
@@ -52,14 +52,14 @@ pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc
     })
 }
 
-/// The queue on PostgreSQL: [`QueuePort`], [`ConsumerPort`] and [`QueueDepth`] over
+/// The queue on PostgreSQL: [`QueuePort`], [`PullPort`], [`SettlePort`] and [`QueueDepth`] over
 /// `core.jobs`; clones share the pool.
 ///
 /// Every statement takes "now" from the queue's [`Clock`] (the system clock unless
 /// [`PgQueue::with_clock`] says otherwise), never from the server, so tests move time by hand.
 /// The schema comes from [`PgStore::migrate`](crate::PgStore::migrate).
 ///
-/// Idle workers of the runtime wake through [`ConsumerPort::wait_for_work`] (one shared
+/// Idle workers of the runtime wake through [`PullPort::wait_for_work`] (one shared
 /// LISTEN connection per queue and its clones); a loop of its own, as below, can hold a
 /// [`Wakeups`] instead.
 ///
@@ -459,7 +459,7 @@ impl QueuePort for PgQueue {
 }
 
 #[async_trait]
-impl ConsumerPort for PgQueue {
+impl PullPort for PgQueue {
     /// One statement: the oldest ready rows, skipping those another receiver holds locked, are
     /// leased (a new fencing generation, one delivery more) and returned.
     async fn receive(
@@ -491,7 +491,10 @@ impl ConsumerPort for PgQueue {
         let waker = self.hub.waker(queue.as_str());
         waker.notified().await;
     }
+}
 
+#[async_trait]
+impl SettlePort for PgQueue {
     /// Deletes the row, if this lease still holds it.
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.settle(lease, fenced!("delete from core.jobs"), None)
@@ -722,7 +725,7 @@ impl QueueDepth for PgQueue {
     }
 }
 
-/// The LISTEN connection behind [`ConsumerPort::wait_for_work`], shared by a queue's clones:
+/// The LISTEN connection behind [`PullPort::wait_for_work`], shared by a queue's clones:
 /// a task forwards each notification to its queue's [`Notify`], which keeps one wake-up for
 /// the next waiter when nobody waits.
 struct Hub {
@@ -847,7 +850,7 @@ pub enum Wake {
 
 /// LISTEN on `core_jobs` on a connection of its own, with polling as the fallback: a loop
 /// outside the runtime awaits [`Wakeups::wait`] when a
-/// batch came back empty. The runtime uses [`ConsumerPort::wait_for_work`] instead.
+/// batch came back empty. The runtime uses [`PullPort::wait_for_work`] instead.
 ///
 /// Notifications that arrive between two waits are kept by the connection, so a job
 /// published just after an empty receive still wakes the next wait.

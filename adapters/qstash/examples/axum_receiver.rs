@@ -24,7 +24,7 @@ use jobs_adapter_qstash::{
     Destination, Processed, PushConsumer, PushRequest, PushResponse, QStashConfig, QStashQueue,
     Receiver, SigningKeys,
 };
-use jobs_core::{ConsumerPort, PublishOptions, QueuePort};
+use jobs_core::{PublishOptions, QueuePort, SettlePort};
 use jobs_testkit::fakes::qstash::FakeQStash;
 
 /// What the route needs: the receiver and the consumer the worker would be built with.

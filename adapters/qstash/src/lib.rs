@@ -12,7 +12,7 @@
 //!   `schedule_delete`) as extra operations; our `core.dead_letters` stays the source of truth.
 //! - [`Receiver`] verifies a delivery's `Upstash-Signature` before anything else
 //!   ([`verify_signature`]), turns it into one leased delivery of a [`PushConsumer`] (the
-//!   worker's [`ConsumerPort`](jobs_core::ConsumerPort)), and answers with the runtime's
+//!   worker's [`SettlePort`](jobs_core::SettlePort)), and answers with the runtime's
 //!   settlement: 2xx, 489 with `Upstash-NonRetryable-Error`, or 5xx with `Retry-After`.
 //!
 //! Nothing here depends on a web framework; `examples/axum_receiver.rs` mounts the receiver on

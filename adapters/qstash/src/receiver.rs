@@ -2,7 +2,7 @@
 //! answered with what the runtime decided.
 //!
 //! A request becomes one [`Delivery`] whose lease is registered with a [`PushConsumer`], the
-//! [`ConsumerPort`] the worker is built with. The caller runs the worker on the delivery; the
+//! [`SettlePort`] the worker is built with (`Worker::push_builder`). The caller runs the worker on the delivery; the
 //! settlement the worker makes through the port becomes the HTTP answer (see [`Receiver::handle`]).
 
 use std::collections::HashMap;
@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use jobs_core::{Clock, ConsumerPort, Delivery, Lease, QueueError, QueueName, SystemClock};
+use jobs_core::{Clock, Delivery, Lease, QueueError, QueueName, SettlePort, SystemClock};
 use reqwest::header::HeaderMap;
 use serde_json::json;
 
@@ -145,11 +145,11 @@ enum Slot {
     Deferred(SystemTime),
 }
 
-/// The [`ConsumerPort`] of push deliveries: it settles the one delivery each request carries,
+/// The [`SettlePort`] of push deliveries: it settles the one delivery each request carries,
 /// recording the settlement for the [`Receiver`] to answer with.
 ///
-/// `receive` is always empty (QStash pushes; nothing can be pulled). `extend` moves only the
-/// local expiry: QStash cannot extend a request beyond `Upstash-Timeout`. A lease settled
+/// It has no pull side (QStash pushes; nothing can be pulled): its worker is built with
+/// `Worker::push_builder` in `jobs-consumers`. `extend` moves only the local expiry: QStash cannot extend a request beyond `Upstash-Timeout`. A lease settled
 /// already, expired, or unknown is refused with [`QueueError::LeaseLost`].
 #[derive(Debug)]
 pub struct PushConsumer {
@@ -208,16 +208,7 @@ impl PushConsumer {
 }
 
 #[async_trait]
-impl ConsumerPort for PushConsumer {
-    async fn receive(
-        &self,
-        _queue: &QueueName,
-        _max: usize,
-        _lease: Duration,
-    ) -> Result<Vec<Delivery>, QueueError> {
-        Ok(Vec::new())
-    }
-
+impl SettlePort for PushConsumer {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.settle(lease, Slot::Acked)
     }

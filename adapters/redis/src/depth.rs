@@ -24,8 +24,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_core::{
-    ConsumerPort, Delivery, Depth, Envelope, Lease, PublishOptions, QueueDepth, QueueError,
-    QueueName, QueuePort, Receipt,
+    ConsumerPort, Delivery, Depth, Envelope, Lease, PublishOptions, PullPort, QueueDepth,
+    QueueError, QueueName, QueuePort, Receipt, SettlePort,
 };
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -171,7 +171,7 @@ fn job_id(payload: &[u8]) -> Option<String> {
 }
 
 #[async_trait]
-impl ConsumerPort for CountedQueue {
+impl PullPort for CountedQueue {
     async fn receive(
         &self,
         queue: &QueueName,
@@ -188,6 +188,13 @@ impl ConsumerPort for CountedQueue {
         Ok(deliveries)
     }
 
+    async fn wait_for_work(&self, queue: &QueueName) {
+        self.consumer.wait_for_work(queue).await;
+    }
+}
+
+#[async_trait]
+impl SettlePort for CountedQueue {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.consumer.ack(lease).await?;
         let id = self.leased().remove(lease.token());
@@ -217,10 +224,6 @@ impl ConsumerPort for CountedQueue {
             leased.insert(extended.token().to_owned(), id);
         }
         Ok(extended)
-    }
-
-    async fn wait_for_work(&self, queue: &QueueName) {
-        self.consumer.wait_for_work(queue).await;
     }
 }
 

@@ -13,8 +13,8 @@ use common::{unique_prefix, url};
 use jobs_adapter_redis::CountedQueue;
 use jobs_adapter_redis::redis;
 use jobs_core::{
-    ConsumerPort, Delivery, Depth, Envelope, Lease, PublishOptions, QueueDepth, QueueError,
-    QueueName, QueuePort, Receipt,
+    Delivery, Depth, Envelope, Lease, PublishOptions, PullPort, QueueDepth, QueueError, QueueName,
+    QueuePort, Receipt, SettlePort,
 };
 use jobs_testkit::fixtures;
 
@@ -51,7 +51,7 @@ impl QueuePort for Line {
 }
 
 #[async_trait]
-impl ConsumerPort for Line {
+impl PullPort for Line {
     async fn receive(
         &self,
         q: &QueueName,
@@ -74,7 +74,10 @@ impl ConsumerPort for Line {
             })
             .collect())
     }
+}
 
+#[async_trait]
+impl SettlePort for Line {
     async fn ack(&self, _: &Lease) -> Result<(), QueueError> {
         Ok(())
     }

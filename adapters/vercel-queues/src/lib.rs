@@ -1,6 +1,6 @@
 //! Vercel Queues as the default production queue of softcrum-jobs.
 //!
-//! [`VercelQueues`] implements [`QueuePort`] and [`ConsumerPort`] over Vercel's HTTP API
+//! [`VercelQueues`] implements [`QueuePort`], [`PullPort`] and [`SettlePort`] over Vercel's HTTP API
 //! (`https://{region}.vercel-queue.com/api/v3/topic/…`):
 //!
 //! - **publish** is `POST /{topic}` with the envelope as the JSON body, the dedup key as
@@ -14,7 +14,7 @@
 //!   for the same runtime and answers as Vercel expects.
 //!
 //! Queue names map to topics one to one ([`topic_of`]). The delivery count is the attempt
-//! number. Vercel counts every lease as a delivery, so a deferral ([`ConsumerPort::defer`]),
+//! number. Vercel counts every lease as a delivery, so a deferral ([`SettlePort::defer`]),
 //! which must not spend an attempt, requeues a copy of the message that carries the attempts
 //! already spent in its `Content-Type` (`application/json; softcrum-attempts=N`) and acks the
 //! original; so does a retry later than one lease can reach (1 h).
@@ -45,8 +45,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_core::{
-    Clock, ConsumerPort, Delivery, Envelope, JobId, Lease, PublishOptions, QueueError, QueueName,
-    QueuePort, Receipt, SystemClock,
+    Clock, Delivery, Envelope, JobId, Lease, PublishOptions, PullPort, QueueError, QueueName,
+    QueuePort, Receipt, SettlePort, SystemClock,
 };
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName};
 use reqwest::{Method, StatusCode};
@@ -595,7 +595,7 @@ impl VercelQueues {
 }
 
 #[async_trait]
-impl ConsumerPort for VercelQueues {
+impl PullPort for VercelQueues {
     async fn receive(
         &self,
         queue: &QueueName,
@@ -631,7 +631,10 @@ impl ConsumerPort for VercelQueues {
             .map(|part| self.deliver(queue, &group, part, expires))
             .collect()
     }
+}
 
+#[async_trait]
+impl SettlePort for VercelQueues {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.lease_call(lease, Method::DELETE, None).await?;
         self.in_flight().remove(lease.token());

@@ -549,7 +549,7 @@ struct Watched {
 }
 
 #[async_trait::async_trait]
-impl jobs_core::ConsumerPort for Watched {
+impl jobs_core::PullPort for Watched {
     async fn receive(
         &self,
         q: &jobs_core::QueueName,
@@ -559,6 +559,14 @@ impl jobs_core::ConsumerPort for Watched {
         self.inner.receive(q, max, lease).await
     }
 
+    async fn wait_for_work(&self, q: &jobs_core::QueueName) {
+        self.waiting.notify_one();
+        self.inner.wait_for_work(q).await;
+    }
+}
+
+#[async_trait::async_trait]
+impl jobs_core::SettlePort for Watched {
     async fn ack(&self, lease: &jobs_core::Lease) -> Result<(), jobs_core::QueueError> {
         self.inner.ack(lease).await
     }
@@ -585,11 +593,6 @@ impl jobs_core::ConsumerPort for Watched {
         by: Duration,
     ) -> Result<jobs_core::Lease, jobs_core::QueueError> {
         self.inner.extend(lease, by).await
-    }
-
-    async fn wait_for_work(&self, q: &jobs_core::QueueName) {
-        self.waiting.notify_one();
-        self.inner.wait_for_work(q).await;
     }
 }
 
@@ -800,10 +803,111 @@ async fn a_store_outage_defers_the_job_into_the_future_without_spending_an_attem
         "hidden until then"
     );
     h.clock.advance(Duration::from_secs(30));
-    let again = jobs_core::ConsumerPort::receive(&h.queue, &h.name, 1, Duration::from_secs(60))
+    let again = jobs_core::PullPort::receive(&h.queue, &h.name, 1, Duration::from_secs(60))
         .await
         .expect("receive");
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].attempt, 1, "the outage spent no attempt");
     assert_eq!(h.calls(1), 0);
+}
+
+/// A worker of the harness's queue and kind built from `builder`'s first steps.
+fn scripted(
+    h: &Harness,
+    builder: jobs_consumers::WorkerBuilder<MemoryStore>,
+) -> jobs_consumers::Worker<MemoryStore> {
+    builder
+        .handler(
+            KIND.parse().expect("valid"),
+            crate::harness::Scripted {
+                script: ok,
+                calls: h.calls.clone(),
+            },
+        )
+        .clock(Arc::new(h.clock.clone()))
+        .build()
+        .expect("valid")
+}
+
+#[tokio::test]
+async fn a_push_worker_has_nothing_to_pull_and_settles_what_it_is_given() {
+    let h = Harness::new();
+    let worker = scripted(
+        &h,
+        jobs_consumers::Worker::push_builder(
+            ConsumerName::try_from("test.consumer").expect("valid"),
+            h.name.clone(),
+            Arc::new(h.queue.clone()),
+            Arc::new(h.store.clone()),
+            Arc::new(h.store.clone()),
+        ),
+    );
+    h.publish(1).await;
+    let refused = worker.run_once().await.expect_err("nothing to pull");
+    assert!(
+        refused.to_string().contains("push_builder"),
+        "says why: {refused}"
+    );
+    let worker = Arc::new(worker);
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        worker.clone().run(std::future::pending()),
+    )
+    .await
+    .expect("run returns at once instead of polling nothing");
+    assert_eq!(depth(&h).await, 1, "nothing was fetched");
+    // Its transport hands it a delivery; it settles through the port it was built with.
+    let delivery = jobs_core::PullPort::receive(&h.queue, &h.name, 1, Duration::from_secs(60))
+        .await
+        .expect("receive")
+        .pop()
+        .expect("one");
+    assert_eq!(worker.process(delivery).await, Outcome::Processed);
+    assert_eq!(depth(&h).await, 0, "acked through the settle side");
+}
+
+/// A pull side that counts its fetches and passes them on.
+struct CountsFetches {
+    inner: jobs_adapter_memory::MemoryQueue,
+    fetches: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl jobs_core::PullPort for CountsFetches {
+    async fn receive(
+        &self,
+        queue: &jobs_core::QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<jobs_core::Delivery>, jobs_core::QueueError> {
+        self.fetches
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.receive(queue, max, lease).await
+    }
+}
+
+#[tokio::test]
+async fn a_pull_layer_fetches_and_the_transport_settles() {
+    let h = Harness::new();
+    let layer = Arc::new(CountsFetches {
+        inner: h.queue.clone(),
+        fetches: Default::default(),
+    });
+    let worker = scripted(
+        &h,
+        jobs_consumers::Worker::builder(
+            ConsumerName::try_from("test.consumer").expect("valid"),
+            h.name.clone(),
+            Arc::new(h.transport.clone()),
+            Arc::new(h.store.clone()),
+            Arc::new(h.store.clone()),
+        )
+        .pull(layer.clone()),
+    );
+    for n in 0..3 {
+        h.publish(n).await;
+    }
+    assert_eq!(h.drain(&worker).await, vec![Outcome::Processed; 3]);
+    assert!(layer.fetches.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    assert_eq!(depth(&h).await, 0, "acked through the transport");
 }

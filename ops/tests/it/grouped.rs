@@ -12,8 +12,8 @@ use jobs_consumers::{
     WorkerError,
 };
 use jobs_core::{
-    ConsumerName, Envelope, ManualClock, PublishOptions, QueueDepth, QueueName, QueuePort,
-    SettleInTransaction,
+    ConsumerName, Envelope, ManualClock, PublishOptions, PullPort, QueueDepth, QueueName,
+    QueuePort, SettleInTransaction,
 };
 use serde::Deserialize;
 
@@ -150,7 +150,7 @@ impl Fixture {
         config: WorkerConfig,
     ) -> Result<Worker<PgStore>, WorkerError>
     where
-        Q: SettleInTransaction<PgStore> + 'static,
+        Q: SettleInTransaction<PgStore> + PullPort + 'static,
         H: Handler<PgWorkTx>,
     {
         Worker::builder(
@@ -508,9 +508,25 @@ async fn behind_the_transactional_first_gate_a_pg_queue_still_runs_grouped() {
         transactional.clone(),
         gate,
     ));
-    let worker = f
-        .grouped(gated, f.handler.clone(), config(8))
-        .expect("the gate forwards the capability");
+    // The gate is the worker's pull side; the queue itself settles, in the transaction.
+    let worker = Worker::builder(
+        ConsumerName::try_from("test.grouped").expect("valid"),
+        f.name.clone(),
+        Arc::new(f.queue.clone()),
+        Arc::new(f.store.clone()),
+        Arc::new(f.store.clone()),
+    )
+    .grouped(Arc::new(f.queue.clone()))
+    .pull(gated)
+    .handler(KIND.parse().expect("valid"), f.handler.clone())
+    .clock(Arc::new(f.clock.clone()))
+    .config(config(8))
+    .build()
+    .expect("a gate over the pull side");
+    assert!(
+        format!("{worker:?}").contains("grouped: true"),
+        "still grouped: {worker:?}"
+    );
     for n in 0..3 {
         f.publish(&f.envelope(n, "ok"), PublishOptions::default())
             .await;
@@ -527,11 +543,11 @@ async fn behind_the_transactional_first_gate_a_pg_queue_still_runs_grouped() {
         "paused while the transactional queue is deep"
     );
     let drained =
-        jobs_core::ConsumerPort::receive(&f.queue, &transactional, 10, Duration::from_secs(60))
+        jobs_core::PullPort::receive(&f.queue, &transactional, 10, Duration::from_secs(60))
             .await
             .expect("receive");
     for delivery in drained {
-        jobs_core::ConsumerPort::ack(&f.queue, &delivery.lease)
+        jobs_core::SettlePort::ack(&f.queue, &delivery.lease)
             .await
             .expect("ack");
     }

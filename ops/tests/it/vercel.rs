@@ -10,8 +10,8 @@ use jobs_adapter_postgres::PgStore;
 use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueuesConfig};
 use jobs_consumers::{Outcome, Worker, WorkerConfig};
 use jobs_core::{
-    ConsumerName, ConsumerPort, DeadLetterFilter, DeadLetterStore, PublishOptions, QueueName,
-    QueuePort,
+    ConsumerName, ConsumerPort, DeadLetterFilter, DeadLetterStore, PublishOptions, PullPort,
+    QueueName, QueuePort,
 };
 use jobs_testkit::emulators::VercelQueuesEmulator;
 use jobs_testkit::faults::LosesAcks;

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use jobs_adapter_postgres::{NewJob, PgQueue, PgStore, PgWorkTx, Wake, sqlx};
 use jobs_core::{
-    Claim, Clock, ConsumerName, ConsumerPort, GroupTransaction, ManualClock, PublishOptions,
-    QueueDepth, QueueError, QueueName, QueuePort, SettleInTransaction, Settlement, StoreError,
-    WorkStore, WorkTransaction,
+    Claim, Clock, ConsumerName, GroupTransaction, ManualClock, PublishOptions, PullPort,
+    QueueDepth, QueueError, QueueName, QueuePort, SettleInTransaction, SettlePort, Settlement,
+    StoreError, WorkStore, WorkTransaction,
 };
 use jobs_testkit::contract::queue::{self, QueueUnderTest};
 use jobs_testkit::fixtures;

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use jobs_adapter_vercel_queues::push::{PushReply, SkipReason};
 use jobs_adapter_vercel_queues::{VercelQueues, topic_of};
-use jobs_core::{ConsumerPort, PublishOptions, QueueError, QueueName, QueuePort, SystemClock};
+use jobs_core::{
+    PublishOptions, PullPort, QueueError, QueueName, QueuePort, SettlePort, SystemClock,
+};
 use jobs_testkit::contract::queue::{self, Dedup, QueueUnderTest};
 use jobs_testkit::emulators::VercelQueuesEmulator;
 use jobs_testkit::{TimeTravel, fixtures};

@@ -14,7 +14,7 @@ use jobs_adapter_vercel_queues::{
     AccessToken, Region, StaticToken, TokenError, TokenSource, VercelQueues, VercelQueuesConfig,
     topic_of,
 };
-use jobs_core::{ConsumerPort, PublishOptions, QueueError, QueueName, QueuePort, Receipt};
+use jobs_core::{PublishOptions, PullPort, QueueError, QueueName, QueuePort, Receipt, SettlePort};
 use jobs_testkit::fakes::FakeVercelQueues;
 use jobs_testkit::fixtures;
 
