@@ -1,19 +1,32 @@
 //! Coalescing alerts so that a storm of dead letters pages a human once, not a thousand times.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use jobs_core::{Alert, Alerter, Clock, QueueName};
+use tokio::sync::mpsc::{self, error::TrySendError};
+
+/// Alerts waiting for the sending task; past this, new ones are counted and dropped.
+pub const ALERT_BUFFER: usize = 64;
 
 /// At most one alert per queue per window; the events in between are counted and reported
 /// with the next alert.
+///
+/// Alerts are sent by a task of their own, through a buffer of [`ALERT_BUFFER`] alerts, so
+/// that a slow or unreachable alerting service never holds up a dead letter's ack or the
+/// worker's receiving. When the buffer is full, the alert that does not fit is counted in
+/// `jobs_alerts_dropped_total{queue}` and logged at error level, never waited for.
 #[derive(Clone)]
 pub struct CoalescingAlerter {
     inner: Arc<dyn Alerter>,
     clock: Arc<dyn Clock>,
     window: Duration,
     state: Arc<Mutex<HashMap<QueueName, Window>>>,
+    /// The sending task's buffer, started with the first alert (inside a runtime).
+    outbox: Arc<OnceLock<mpsc::Sender<Alert>>>,
+    /// Alerts queued and not yet answered, for [`CoalescingAlerter::quiet`].
+    pending: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 #[derive(Debug)]
@@ -39,13 +52,23 @@ impl CoalescingAlerter {
             clock,
             window,
             state: Arc::default(),
+            outbox: Arc::default(),
+            pending: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 
-    /// Reports one dead letter on `queue`; sends now unless an alert for the queue went out
-    /// within the window. A failure to send is logged, never returned: the dead letter is
-    /// already safe.
-    pub async fn dead_lettered(&self, queue: &QueueName, error: &str) {
+    /// Resolves once every alert queued so far has been answered (sent, or failed and
+    /// logged): for a report that prints what was raised, or a shutdown that lets the last
+    /// alerts out. It waits on the alerting service, so bound it with a timeout.
+    pub async fn quiet(&self) {
+        let mut pending = self.pending.subscribe();
+        let _ = pending.wait_for(|n| *n == 0).await;
+    }
+
+    /// Reports one dead letter on `queue`; queues an alert for sending unless one for the queue
+    /// went out within the window. Never waits: a failure to send is logged, never returned,
+    /// since the dead letter is already safe.
+    pub fn dead_lettered(&self, queue: &QueueName, error: &str) {
         let now = self.clock.now();
         let count = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -77,12 +100,12 @@ impl CoalescingAlerter {
                 }
             }
         };
-        self.send(queue, count, error).await;
+        self.send(queue, count, error);
     }
 
-    /// Sends the counts held back for windows that have closed. The worker calls this as it
-    /// polls, so the last events of a storm are reported too.
-    pub async fn flush(&self) {
+    /// Queues the counts held back for windows that have closed. The worker calls this as it
+    /// polls, so the last events of a storm are reported too; it never waits.
+    pub fn flush(&self) {
         let now = self.clock.now();
         let due: Vec<(QueueName, u32, String)> = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -98,11 +121,11 @@ impl CoalescingAlerter {
                 .collect()
         };
         for (queue, count, error) in due {
-            self.send(&queue, count, &error).await;
+            self.send(&queue, count, &error);
         }
     }
 
-    async fn send(&self, queue: &QueueName, count: u32, error: &str) {
+    fn send(&self, queue: &QueueName, count: u32, error: &str) {
         let noun = if count == 1 { "job" } else { "jobs" };
         let alert = Alert {
             queue: queue.clone(),
@@ -112,8 +135,29 @@ impl CoalescingAlerter {
             ),
             count,
         };
-        if let Err(e) = self.inner.alert(&alert).await {
-            tracing::error!(queue = %queue, error = %e, "could not raise a dead-letter alert");
+        let outbox = self.outbox.get_or_init(|| {
+            let (outbox, mut alerts) = mpsc::channel::<Alert>(ALERT_BUFFER);
+            let (inner, pending) = (self.inner.clone(), self.pending.clone());
+            tokio::spawn(async move {
+                while let Some(alert) = alerts.recv().await {
+                    if let Err(e) = inner.alert(&alert).await {
+                        tracing::error!(queue = %alert.queue, error = %e, "could not raise a dead-letter alert");
+                    }
+                    pending.send_modify(|n| *n = n.saturating_sub(1));
+                }
+            });
+            outbox
+        });
+        self.pending.send_modify(|n| *n += 1);
+        if let Err(e) = outbox.try_send(alert) {
+            self.pending.send_modify(|n| *n = n.saturating_sub(1));
+            let why = match e {
+                TrySendError::Full(_) => "the alert buffer is full",
+                TrySendError::Closed(_) => "the alert task has stopped",
+            };
+            metrics::counter!("jobs_alerts_dropped_total", "queue" => queue.to_string())
+                .increment(1);
+            tracing::error!(queue = %queue, count, "{why}; a dead-letter alert is dropped");
         }
     }
 }

@@ -17,7 +17,13 @@ pub const CLEANUP_KIND: &str = "core.processed_jobs_cleanup";
 /// again.
 pub const DEFAULT_PROCESSED_TTL: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
-/// The cleanup job's data: an optional TTL overriding the handler's.
+/// The shortest TTL a cleanup job's data may ask for: eight days, longer than any transport
+/// keeps a message for redelivery (Vercel Queues, the longest, 7 days), so that no job's
+/// data can strip the protection against redeliveries.
+pub const MIN_JOB_TTL: Duration = Duration::from_secs(8 * 24 * 60 * 60);
+
+/// The cleanup job's data: an optional TTL overriding the handler's, at least
+/// [`MIN_JOB_TTL`].
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CleanupRequest {
@@ -74,9 +80,12 @@ impl ProcessedCleanup {
         self
     }
 
-    /// Deletes every row older than `ttl` (the configured one if `None`); returns how many.
+    /// Deletes every row older than `ttl` (the configured one if `None`); returns how many. A
+    /// TTL reaching back before the clock's epoch deletes nothing.
     pub async fn purge(&self, ttl: Option<Duration>) -> Result<u64, StoreError> {
-        let cutoff = self.clock.now() - ttl.unwrap_or(self.ttl);
+        let Some(cutoff) = self.clock.now().checked_sub(ttl.unwrap_or(self.ttl)) else {
+            return Ok(0);
+        };
         let mut total = 0;
         loop {
             let deleted = self.store.purge_processed(cutoff, self.batch).await?;
@@ -94,6 +103,14 @@ impl<Tx: Send + 'static> Handler<Tx> for ProcessedCleanup {
 
     async fn handle(&self, job: Job<CleanupRequest>, _: &mut Tx) -> Result<(), JobError> {
         let ttl = job.envelope.data.ttl_secs.map(Duration::from_secs);
+        if let Some(ttl) = ttl.filter(|ttl| *ttl < MIN_JOB_TTL) {
+            return Err(JobError::permanent(format!(
+                "`ttl_secs`: {} is below the floor of {} (a redelivered job must still find \
+                 its processed row)",
+                ttl.as_secs(),
+                MIN_JOB_TTL.as_secs()
+            )));
+        }
         let deleted = self
             .purge(ttl)
             .await

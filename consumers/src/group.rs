@@ -27,9 +27,9 @@ use jobs_core::{
 };
 use tracing::Instrument;
 
-use crate::handler::{JobError, Prepared};
+use crate::handler::{Canceller, JobError, Prepared};
 use crate::retry::Backoff;
-use crate::worker::{DeadReason, Outcome, Ready, Reject, Salvage, Worker, run_caught};
+use crate::worker::{DeadReason, Outcome, Ready, Reject, Salvage, Worker, run_bounded};
 
 /// The grouped mode of a worker, with the queue's type erased: built by
 /// [`WorkerBuilder::grouped`](crate::WorkerBuilder::grouped) where the bounds are known.
@@ -75,6 +75,8 @@ struct Member<Tx: Send> {
     job_id: JobId,
     span: tracing::Span,
     rerunnable: bool,
+    /// Fires its handler's cancellation.
+    cancel: Canceller,
     /// Its place among the group's deliveries, for the outcomes' order.
     index: usize,
     /// The prepared handler call, until it runs.
@@ -159,6 +161,7 @@ where
                     kind,
                     job_id,
                     rerunnable,
+                    cancel,
                 }) => members.push(Member {
                     delivery,
                     salvage,
@@ -166,6 +169,7 @@ where
                     job_id,
                     span,
                     rerunnable,
+                    cancel,
                     index,
                     prepared: Some(prepared),
                     decided: None,
@@ -224,7 +228,10 @@ where
                 .await
             {
                 Ok(()) => match tx.commit().await {
-                    Ok(()) => return self.announce(members).await,
+                    Ok(()) => {
+                        self.store_works();
+                        return self.announce(members).await;
+                    }
                     // Whether it committed is unknown; the redeliveries' claims will tell.
                     Err(e) => break Stop::from(e),
                 },
@@ -316,12 +323,16 @@ where
                 Some(prepared) => prepared,
                 // Rolled back in the first pass: prepared anew.
                 None => match self.triage(&member.delivery, &member.span) {
-                    Ok(ready) => ready.prepared,
+                    Ok(ready) => {
+                        member.cancel = ready.cancel;
+                        ready.prepared
+                    }
                     Err(reject) => return Err(Stop::Failed(reject.error)),
                 },
             };
             let started = Instant::now();
-            let result = run_caught(prepared, tx)
+            let limit = self.time_limit(&member.kind);
+            let result = run_bounded(prepared, tx, limit, &member.cancel)
                 .instrument(member.span.clone())
                 .await;
             self.timed(&member.kind, started);

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use jobs_core::{DataError, Envelope, ErrorClass, QueueName};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
+use tokio::sync::watch;
 
 /// A boxed error from handler code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -22,6 +23,60 @@ pub struct Job<T> {
     pub queue: QueueName,
     /// 1 on the first attempt.
     pub attempt: u32,
+    /// Fires when the runtime stops the job (its time limit passed, its lease was lost) or
+    /// the worker is shutting down, so a handler, and tasks it started, can stop early.
+    pub cancellation: Cancellation,
+}
+
+/// A job's cancellation signal, as its handler sees it: cheap to clone into tasks the handler
+/// starts.
+///
+/// The runtime fires it when the job's time limit passes or its lease is found lost (the
+/// handler's future is then dropped: this is for work it started elsewhere), and when the
+/// worker shuts down, a quarter of the shutdown grace (at most 5 s) before in-flight jobs are
+/// abandoned, so a handler that stops then (returning a retry, say) is settled instead of
+/// waiting out its lease.
+#[derive(Debug, Clone)]
+pub struct Cancellation {
+    job: watch::Receiver<bool>,
+    run: watch::Receiver<bool>,
+}
+
+impl Cancellation {
+    /// Whether it has fired.
+    pub fn is_cancelled(&self) -> bool {
+        *self.job.borrow() || *self.run.borrow()
+    }
+
+    /// Resolves once it has fired, or once the job's run is over and it never can.
+    pub async fn cancelled(&self) {
+        let (mut job, mut run) = (self.job.clone(), self.run.clone());
+        tokio::select! {
+            _ = job.wait_for(|fired| *fired) => {}
+            _ = run.wait_for(|fired| *fired) => {}
+        }
+    }
+}
+
+/// The runtime's side of one job's [`Cancellation`].
+pub(crate) struct Canceller(watch::Sender<bool>);
+
+impl Canceller {
+    /// A job's signal, which also fires with `run`'s (the worker's shutdown).
+    pub(crate) fn new(run: &watch::Sender<bool>) -> (Canceller, Cancellation) {
+        let (tx, job) = watch::channel(false);
+        (
+            Canceller(tx),
+            Cancellation {
+                job,
+                run: run.subscribe(),
+            },
+        )
+    }
+
+    pub(crate) fn cancel(&self) {
+        self.0.send_replace(true);
+    }
 }
 
 /// Why a handler did not finish, and so what the runtime does next.
@@ -29,6 +84,7 @@ pub struct Job<T> {
 /// A typed outcome rather than an error to classify: the runtime never guesses from a message
 /// or a downcast whether to retry.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum JobError {
     /// Transient: try again after the retry policy's backoff, until attempts run out.
     #[error("{0}")]
@@ -103,6 +159,7 @@ pub(crate) trait ErasedHandler<Tx: Send>: Send + Sync {
         envelope: Envelope,
         queue: QueueName,
         attempt: u32,
+        cancellation: Cancellation,
     ) -> Result<Box<dyn Prepared<Tx>>, DataError>;
 }
 
@@ -143,6 +200,7 @@ impl<H: Handler<Tx>, Tx: Send + 'static> ErasedHandler<Tx> for Typed<H, Tx> {
         envelope: Envelope,
         queue: QueueName,
         attempt: u32,
+        cancellation: Cancellation,
     ) -> Result<Box<dyn Prepared<Tx>>, DataError> {
         let envelope = envelope.into_typed::<H::Data>()?;
         Ok(Box::new(TypedJob {
@@ -151,6 +209,7 @@ impl<H: Handler<Tx>, Tx: Send + 'static> ErasedHandler<Tx> for Typed<H, Tx> {
                 envelope,
                 queue,
                 attempt,
+                cancellation,
             },
         }))
     }

@@ -20,11 +20,13 @@ mod retry;
 mod throttle;
 mod worker;
 
-pub use alerts::CoalescingAlerter;
-pub use cleanup::{CLEANUP_KIND, CleanupRequest, DEFAULT_PROCESSED_TTL, ProcessedCleanup};
+pub use alerts::{ALERT_BUFFER, CoalescingAlerter};
+pub use cleanup::{
+    CLEANUP_KIND, CleanupRequest, DEFAULT_PROCESSED_TTL, MIN_JOB_TTL, ProcessedCleanup,
+};
 pub use dead_letters::{DeadLetters, ReplayError, Replayed};
-pub use handler::{BoxError, Handler, Job, JobError};
-pub use retry::{Backoff, PolicyError, QueuePolicy, RetryPolicy};
+pub use handler::{BoxError, Cancellation, Handler, Job, JobError};
+pub use retry::{Backoff, MAX_BACKOFF, PolicyError, QueuePolicy, RetryPolicy};
 pub use throttle::Throttled;
 pub use worker::{
     DeadReason, MAX_GROUP_SIZE, Outcome, Worker, WorkerBuilder, WorkerConfig, WorkerError,

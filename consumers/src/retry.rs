@@ -72,6 +72,12 @@ pub enum PolicyError {
         /// The cap.
         cap: Duration,
     },
+    /// A cap beyond [`MAX_BACKOFF`]: a retry that far out is a dead letter in disguise.
+    #[error("the cap ({cap:?}) must not be beyond {MAX_BACKOFF:?}")]
+    CapTooLong {
+        /// The cap.
+        cap: Duration,
+    },
     /// An override without a reason: the standard asks for a rationale.
     #[error("a per-queue override of the retry policy for `{queue}` needs a rationale")]
     NoRationale {
@@ -79,6 +85,9 @@ pub enum PolicyError {
         queue: QueueName,
     },
 }
+
+/// The longest backoff a policy may have: thirty days.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30 * 86_400);
 
 impl RetryPolicy {
     /// A policy of `max_attempts` in total, backing off from `base` up to `cap`.
@@ -91,6 +100,9 @@ impl RetryPolicy {
         }
         if cap < base {
             return Err(PolicyError::CapBelowBase { base, cap });
+        }
+        if cap > MAX_BACKOFF {
+            return Err(PolicyError::CapTooLong { cap });
         }
         Ok(RetryPolicy {
             max_attempts,
@@ -131,7 +143,7 @@ impl RetryPolicy {
 }
 
 /// A uniform draw from `[0, 1)`.
-fn random_unit() -> f64 {
+pub(crate) fn random_unit() -> f64 {
     // 53 random bits make every f64 in [0, 1) with that spacing equally likely.
     let bits = getrandom::u64().unwrap_or(u64::MAX / 2) >> 11;
     bits as f64 / (1u64 << 53) as f64

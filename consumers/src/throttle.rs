@@ -14,9 +14,13 @@ const LIMITER_DOWN_BACKOFF: Duration = Duration::from_secs(5);
 /// Wraps a handler so that each job first takes a token from every bucket `buckets` names for
 /// it (the provider's global bucket and the tenant's, say), all or none.
 ///
-/// Denied, the job is deferred to the moment the tokens will be there: no attempt is spent and
-/// it can never be dead-lettered for it. An unreachable limiter defers the job briefly too:
-/// sends wait, they are never dropped.
+/// Denied, the job is deferred to the moment the tokens will be there, plus a random part of
+/// the longest refill interval of its buckets, so that jobs denied together do not all come
+/// back at one instant to be denied again: no attempt is spent and it can never be
+/// dead-lettered for it. An unreachable limiter defers the job briefly too: sends wait, they
+/// are never dropped. A bucket the limiter refuses (`InvalidBucket`, a configuration error
+/// waiting cannot fix) fails the job permanently, so it goes to the dead letters for review
+/// instead of being deferred forever.
 ///
 /// ```
 /// use jobs_consumers::Throttled;
@@ -75,7 +79,21 @@ where
         let buckets = (self.buckets)(&job.envelope);
         match self.limiter.acquire(&buckets, 1).await {
             Ok(Acquired::Granted) => self.inner.handle(job, tx).await,
-            Ok(Acquired::Denied { retry_at }) => Err(JobError::Defer { until: retry_at }),
+            Ok(Acquired::Denied { retry_at }) => {
+                let refill = buckets
+                    .iter()
+                    .map(|(_, bucket)| bucket.interval)
+                    .max()
+                    .unwrap_or_default();
+                let spread = refill.mul_f64(crate::retry::random_unit());
+                Err(JobError::Defer {
+                    until: retry_at.checked_add(spread).unwrap_or(retry_at),
+                })
+            }
+            Err(e) if !e.class().is_retryable() => {
+                tracing::error!(error = %e, "the rate limiter refuses the job's buckets");
+                Err(JobError::permanent(e))
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "rate limiter unavailable; deferring the job");
                 Err(JobError::Defer {

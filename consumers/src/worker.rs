@@ -23,11 +23,13 @@ use tracing::{Instrument, field};
 
 use crate::alerts::CoalescingAlerter;
 use crate::group::{Groups, GroupsOf};
-use crate::handler::{ErasedHandler, Handler, JobError, Prepared, Typed};
+use crate::handler::{Canceller, ErasedHandler, Handler, JobError, Prepared, Typed};
 use crate::retry::{Backoff, QueuePolicy, RetryPolicy};
 
-/// What became of one delivery.
+/// What became of one delivery. Non-exhaustive, so that a new way for a delivery to end
+/// breaks no caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The handler's work committed and the message was acked.
     Processed,
@@ -90,6 +92,17 @@ pub enum WorkerError {
     /// Two handlers for one kind.
     #[error("kind `{0}` has two handlers")]
     DuplicateKind(Kind),
+    /// A setting that cannot work (a worker with no concurrency, a lease too short to extend,
+    /// a zero poll interval or time limit), named as in [`WorkerConfig`].
+    #[error("{field} = {value} cannot work: {why}")]
+    Config {
+        /// The setting, e.g. `concurrency`, or `timeout of kind ...`.
+        field: String,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        why: &'static str,
+    },
     /// [`WorkerBuilder::grouped`] was given a queue whose statements cannot join the store's
     /// transactions.
     #[error("worker `{consumer}` cannot run grouped: {reason}")]
@@ -119,8 +132,15 @@ pub struct WorkerConfig {
     /// Deliveries handled at once.
     pub concurrency: usize,
     /// How long a delivery stays leased before another worker may take it; extended while the
-    /// handler runs.
+    /// handler runs, up to its time limit.
     pub lease: Duration,
+    /// How long a handler may run (one minute by default; per kind,
+    /// [`WorkerBuilder::timeout`]). Past it the handler is stopped, its writes are rolled
+    /// back and the job is retried, spending an attempt, with an error that says it timed
+    /// out. A time limit stops only code that yields: a handler that blocks its thread, or a
+    /// statement the database itself runs on (bound those by the database's own statement
+    /// timeout), is not stopped by it.
+    pub handler_timeout: Duration,
     /// How long to wait before polling an empty queue again, unless the transport's wake-up
     /// ([`PullPort::wait_for_work`]) comes first. With a transport that notifies, this
     /// bounds only the latency of delays and retries falling due.
@@ -144,6 +164,16 @@ pub struct WorkerConfig {
 /// shared memory and spills to disk past that, which slows every session's snapshots.
 pub const MAX_GROUP_SIZE: usize = 64;
 
+/// The shortest lease a worker accepts.
+const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// The longest lease a worker accepts.
+const MAX_LEASE: Duration = Duration::from_secs(86_400);
+
+/// The most warning a shutdown gives in-flight handlers ([`Cancellation`](crate::Cancellation))
+/// before it abandons them.
+const SHUTDOWN_NOTICE: Duration = Duration::from_secs(5);
+
 /// Why a worker built for a push transport does not run a loop.
 const NOTHING_TO_PULL: &str = "this worker has nothing to pull (built with \
     Worker::push_builder): its transport delivers through Worker::process";
@@ -157,6 +187,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             concurrency: 8,
             lease: Duration::from_secs(60),
+            handler_timeout: Duration::from_secs(60),
             poll_interval: Duration::from_millis(500),
             shutdown_grace: Duration::from_secs(30),
             decode_limits: DecodeLimits::default(),
@@ -167,6 +198,63 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// The limits `WorkerBuilder::build` holds a configuration to:
+    ///
+    /// | setting | default | must be |
+    /// |---|---|---|
+    /// | `concurrency` | 8 | at least 1 |
+    /// | `lease` | 60 s | 1 s to a day (it is extended every third of it) |
+    /// | `handler_timeout` | 60 s | above zero |
+    /// | `poll_interval` | 500 ms | above zero |
+    /// | `shutdown_grace` | 30 s | any |
+    /// | `group_size` | 32 | 1 to [`MAX_GROUP_SIZE`] when grouped |
+    /// | `group_linger` | 0 | any |
+    fn check(&self) -> Result<(), WorkerError> {
+        let refuse = |field: &str, value: String, why| {
+            Err(WorkerError::Config {
+                field: field.to_owned(),
+                value,
+                why,
+            })
+        };
+        if self.concurrency == 0 {
+            return refuse(
+                "concurrency",
+                "0".to_owned(),
+                "a worker must run at least one job",
+            );
+        }
+        if self.lease < MIN_LEASE {
+            return refuse(
+                "lease",
+                format!("{:?}", self.lease),
+                "at least 1 s, or extending it would be a storm of requests",
+            );
+        }
+        if self.lease > MAX_LEASE {
+            return refuse(
+                "lease",
+                format!("{:?}", self.lease),
+                "at most a day: a crashed worker's jobs come back only after it",
+            );
+        }
+        if self.handler_timeout.is_zero() {
+            return refuse(
+                "handler_timeout",
+                "0s".to_owned(),
+                "a handler needs some time to run",
+            );
+        }
+        if self.poll_interval.is_zero() {
+            return refuse(
+                "poll_interval",
+                "0s".to_owned(),
+                "a zero interval polls an empty queue in a busy loop",
+            );
+        }
+        Ok(())
+    }
+
     /// The connections a worker with this configuration needs from a pool it shares with its
     /// queue: one per concurrent job (or group), one for fetching, one for settlements and
     /// lease extensions made outside a work transaction, and one for the queue's wake-ups
@@ -190,6 +278,7 @@ pub struct WorkerBuilder<S: WorkStore> {
     store: Arc<S>,
     dead_letters: Arc<dyn DeadLetterStore>,
     handlers: HashMap<Kind, Arc<dyn ErasedHandler<S::Tx>>>,
+    timeouts: HashMap<Kind, Duration>,
     duplicate: Option<Kind>,
     policy: RetryPolicy,
     rationale: Option<QueuePolicy>,
@@ -209,6 +298,12 @@ impl<S: WorkStore> WorkerBuilder<S> {
             self.duplicate = Some(kind.clone());
         }
         self.handlers.insert(kind, Arc::new(Typed::new(handler)));
+        self
+    }
+
+    /// Lets handlers of `kind` run for `limit` instead of [`WorkerConfig::handler_timeout`].
+    pub fn timeout(mut self, kind: Kind, limit: Duration) -> Self {
+        self.timeouts.insert(kind, limit);
         self
     }
 
@@ -272,6 +367,16 @@ impl<S: WorkStore> WorkerBuilder<S> {
         if let Some(kind) = self.duplicate {
             return Err(WorkerError::DuplicateKind(kind));
         }
+        self.config.check()?;
+        for (kind, limit) in &self.timeouts {
+            if limit.is_zero() {
+                return Err(WorkerError::Config {
+                    field: format!("the timeout of `{kind}`"),
+                    value: format!("{limit:?}"),
+                    why: "a handler needs some time to run",
+                });
+            }
+        }
         if let Some(p) = &self.rationale {
             if p.queue() != &self.queue {
                 return Err(WorkerError::PolicyForOtherQueue {
@@ -313,11 +418,14 @@ impl<S: WorkStore> WorkerBuilder<S> {
             store: self.store,
             dead_letters: self.dead_letters,
             handlers: self.handlers,
+            timeouts: self.timeouts,
             policy: self.policy,
             clock: self.clock,
             alerts: self.alerts,
             config: self.config,
             groups: self.groups,
+            shutting_down: tokio::sync::watch::Sender::new(false),
+            store_failures: std::sync::atomic::AtomicU32::new(0),
         })
     }
 }
@@ -339,11 +447,16 @@ pub struct Worker<S: WorkStore> {
     pub(crate) store: Arc<S>,
     dead_letters: Arc<dyn DeadLetterStore>,
     handlers: HashMap<Kind, Arc<dyn ErasedHandler<S::Tx>>>,
+    timeouts: HashMap<Kind, Duration>,
     pub(crate) policy: RetryPolicy,
     pub(crate) clock: Arc<dyn Clock>,
     alerts: Option<CoalescingAlerter>,
     config: WorkerConfig,
     groups: Option<Arc<dyn Groups<S>>>,
+    /// Fires every in-flight job's cancellation shortly before a shutdown abandons them.
+    shutting_down: tokio::sync::watch::Sender<bool>,
+    /// Store failures in a row, for the backoff of [`Worker::store_unavailable`].
+    store_failures: std::sync::atomic::AtomicU32,
 }
 
 impl<S: WorkStore> fmt::Debug for Worker<S> {
@@ -435,6 +548,7 @@ where
             store,
             dead_letters,
             handlers: HashMap::new(),
+            timeouts: HashMap::new(),
             duplicate: None,
             policy: RetryPolicy::default(),
             rationale: None,
@@ -483,7 +597,7 @@ where
             }
         };
         if let Some(alerts) = &self.alerts {
-            alerts.flush().await;
+            alerts.flush();
         }
         Ok(outcomes)
     }
@@ -500,6 +614,7 @@ where
             tracing::error!(queue = %self.queue, "{NOTHING_TO_PULL}");
             return;
         };
+        self.shutting_down.send_replace(false);
         match self.groups.clone() {
             Some(groups) => self.run_grouped(pull, groups, shutdown).await,
             None => self.run_each(pull, shutdown).await,
@@ -517,7 +632,9 @@ where
         let mut in_flight = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            while in_flight.try_join_next().is_some() {}
+            while let Some(joined) = in_flight.try_join_next() {
+                self.reaped(joined);
+            }
             let free = permits.available_permits();
             let received = if free == 0 {
                 None
@@ -549,13 +666,13 @@ where
                 None => {
                     tokio::select! {
                         () = &mut shutdown => break,
-                        _ = in_flight.join_next() => {}
+                        Some(joined) = in_flight.join_next() => self.reaped(joined),
                     }
                     Idle::Busy
                 }
             };
             if let Some(alerts) = &self.alerts {
-                alerts.flush().await;
+                alerts.flush();
             }
             if self.idle(&*pull, idle, &mut shutdown).await.is_break() {
                 break;
@@ -589,7 +706,9 @@ where
         // an attempt and leaves its neighbours' alone.
         let mut most = 1;
         loop {
-            while in_flight.try_join_next().is_some() {}
+            while let Some(joined) = in_flight.try_join_next() {
+                self.reaped(joined);
+            }
             if buffer.is_empty()
                 && let Some(delivery) = suspect.take()
             {
@@ -646,7 +765,7 @@ where
                         }
                     }
                     if let Some(alerts) = &self.alerts {
-                        alerts.flush().await;
+                        alerts.flush();
                     }
                 }
                 () = async { waiting.as_mut().expect("guarded").await }, if waiting.is_some() => {
@@ -750,10 +869,39 @@ where
         }
     }
 
-    /// Lets in-flight work finish within the shutdown grace, then abandons it.
+    /// A finished task of the loop: one that panicked outside the handler's guard (in the
+    /// runtime itself) is logged with its queue, not dropped; its jobs come back after their
+    /// leases.
+    fn reaped(&self, joined: Result<(), tokio::task::JoinError>) {
+        if let Err(e) = joined
+            && e.is_panic()
+        {
+            tracing::error!(queue = %self.queue, error = %e, "a worker task panicked; its jobs come back after their leases");
+        }
+    }
+
+    /// Lets in-flight work finish within the shutdown grace, then abandons it. A quarter of
+    /// the grace (at most 5 s) before the end, in-flight jobs' cancellations fire, so that
+    /// handlers that heed them stop and are settled.
     async fn drain(&self, mut in_flight: JoinSet<()>) {
-        let drained = tokio::time::timeout(self.config.shutdown_grace, async {
-            while in_flight.join_next().await.is_some() {}
+        let grace = self.config.shutdown_grace;
+        let notice = (grace / 4).min(SHUTDOWN_NOTICE);
+        let drained = tokio::time::timeout(grace, async {
+            let deadline = tokio::time::sleep(grace - notice);
+            let mut deadline = std::pin::pin!(deadline);
+            let mut told = false;
+            loop {
+                tokio::select! {
+                    joined = in_flight.join_next() => match joined {
+                        Some(joined) => self.reaped(joined),
+                        None => break,
+                    },
+                    () = &mut deadline, if !told => {
+                        told = true;
+                        self.shutting_down.send_replace(true);
+                    }
+                }
+            }
         })
         .await;
         if drained.is_err() {
@@ -784,7 +932,19 @@ where
     /// Processes one delivery to the end, settling it with the transport, and says what
     /// happened. Push transports call this with the delivery an HTTP request carries and turn
     /// the outcome into their answer.
+    ///
+    /// A delivery of another queue than the worker's is refused, unsettled: filed under this
+    /// worker's queue, its labels, dead letter and retries would be wrong.
     pub async fn process(&self, delivery: Delivery) -> Outcome {
+        if delivery.queue() != &self.queue {
+            let error = format!(
+                "a delivery of `{}` was given to the worker of `{}`",
+                delivery.queue(),
+                self.queue
+            );
+            tracing::error!(queue = %self.queue, "{error}");
+            return Outcome::Unsettled { error };
+        }
         let span = self.job_span(&delivery);
         let outcome = self
             .process_inner(delivery, &span)
@@ -838,13 +998,15 @@ where
             return Err(reject(DeadReason::Poison, error));
         };
         let job_id = envelope.job_id;
-        match handler.prepare(envelope, self.queue.clone(), delivery.attempt) {
+        let (cancel, cancellation) = Canceller::new(&self.shutting_down);
+        match handler.prepare(envelope, self.queue.clone(), delivery.attempt, cancellation) {
             Ok(prepared) => Ok(Ready {
                 prepared,
                 salvage,
                 kind,
                 job_id,
                 rerunnable: handler.rerunnable(),
+                cancel,
             }),
             Err(e) => Err(Reject {
                 salvage,
@@ -860,6 +1022,7 @@ where
             salvage,
             kind,
             job_id,
+            cancel,
             ..
         } = match self.triage(&delivery, span) {
             Ok(ready) => ready,
@@ -877,8 +1040,13 @@ where
         match tx.claim(job_id, &self.consumer, self.clock.now()).await {
             Ok(Claim::Claimed) => {}
             // Settled before: processed, or dead-lettered (a replay releases the claim).
-            Ok(Claim::AlreadyProcessed | Claim::DeadLettered) => {
+            Ok(other) => {
                 rollback(tx).await;
+                if !matches!(other, Claim::AlreadyProcessed | Claim::DeadLettered) {
+                    // A claim this runtime does not know: not claimed, so not run here.
+                    let error = StoreError::failed(format!("unknown claim {other:?}"));
+                    return self.store_unavailable(&delivery, &error).await;
+                }
                 self.count("jobs_duplicate_skipped_total", &kind);
                 return match self.settle.ack(&delivery.lease).await {
                     Ok(()) => Outcome::Duplicate,
@@ -892,12 +1060,29 @@ where
         }
 
         let started = Instant::now();
-        let result = self.run_with_lease(prepared, &mut tx, &delivery).await;
+        let result = self
+            .run_with_lease(
+                prepared,
+                &mut tx,
+                &delivery,
+                self.time_limit(&kind),
+                &cancel,
+            )
+            .await;
         self.timed(&kind, started);
+        let Ok(result) = result else {
+            // The lease went to another worker: nothing of this run may commit or settle.
+            rollback(tx).await;
+            return Outcome::Unsettled {
+                error: "the lease was lost while the handler ran; it was stopped and rolled back"
+                    .to_owned(),
+            };
+        };
 
         match result {
             Ok(()) => match tx.commit().await {
                 Ok(()) => {
+                    self.store_works();
                     self.count("jobs_processed_total", &kind);
                     match self.settle.ack(&delivery.lease).await {
                         Ok(()) => Outcome::Processed,
@@ -941,29 +1126,45 @@ where
         }
     }
 
-    /// Runs the handler, catching panics (a retryable failure) and extending the lease while
-    /// it runs.
+    /// Runs the handler within `limit` ([`run_bounded`]), extending the lease while it runs.
+    /// `Err` when an extension finds the lease lost: the handler is stopped, since nothing it
+    /// does can be settled any more.
     async fn run_with_lease(
         &self,
         prepared: Box<dyn Prepared<S::Tx>>,
         tx: &mut S::Tx,
         delivery: &Delivery,
-    ) -> Result<(), JobError> {
-        let work = run_caught(prepared, tx);
+        limit: Duration,
+        cancel: &Canceller,
+    ) -> Result<Result<(), JobError>, QueueError> {
+        let work = run_bounded(prepared, tx, limit, cancel);
         let mut work = std::pin::pin!(work);
         let mut lease = delivery.lease.clone();
         let every = self.config.lease / 3;
         loop {
             tokio::select! {
-                result = &mut work => return result,
+                result = &mut work => return Ok(result),
                 () = tokio::time::sleep(every) => {
                     match self.settle.extend(&lease, self.config.lease).await {
                         Ok(extended) => lease = extended,
+                        Err(e @ QueueError::LeaseLost { .. }) => {
+                            tracing::warn!(error = %e, "lease lost; stopping the handler");
+                            cancel.cancel();
+                            return Err(e);
+                        }
                         Err(e) => tracing::warn!(error = %e, "could not extend the lease"),
                     }
                 }
             }
         }
+    }
+
+    /// How long handlers of `kind` may run.
+    pub(crate) fn time_limit(&self, kind: &Kind) -> Duration {
+        self.timeouts
+            .get(kind)
+            .copied()
+            .unwrap_or(self.config.handler_timeout)
     }
 
     /// The dead letter of `delivery`, as the runtime records it.
@@ -994,11 +1195,14 @@ where
     /// Logs, counts and alerts a dead letter recorded for the first time.
     pub(crate) async fn announce_dead(&self, kind: Option<&Kind>, reason: DeadReason, error: &str) {
         tracing::error!(reason = reason.as_str(), error = %error, "job dead-lettered");
+        // A payload's kind labels the counters only when this worker knows it, so that no
+        // producer can make up metric series.
+        let known = kind.filter(|kind| self.handlers.contains_key(*kind));
         let labels = vec![
             metrics::Label::new("queue", self.queue.to_string()),
             metrics::Label::new(
                 "kind",
-                kind.map_or_else(|| "unknown".to_owned(), ToString::to_string),
+                known.map_or_else(|| "unknown".to_owned(), ToString::to_string),
             ),
         ];
         if reason == DeadReason::Poison {
@@ -1008,7 +1212,7 @@ where
         labels.push(metrics::Label::new("reason", reason.as_str()));
         metrics::counter!("jobs_dead_lettered_total", labels).increment(1);
         if let Some(alerts) = &self.alerts {
-            alerts.dead_lettered(&self.queue, error).await;
+            alerts.dead_lettered(&self.queue, error);
         }
     }
 
@@ -1076,6 +1280,10 @@ where
                     .await?
                     .map(Recorded::Existing));
             }
+            Ok(other) => {
+                rollback(tx).await;
+                return Err(StoreError::failed(format!("unknown claim {other:?}")));
+            }
             Err(e) => {
                 rollback(tx).await;
                 return Err(e);
@@ -1101,15 +1309,40 @@ where
     }
 
     /// The store failed: come back later without spending an attempt, so an outage never
-    /// exhausts a job's retries.
+    /// exhausts a job's retries (the dead letters live in that store too). The wait grows
+    /// with the worker's consecutive store failures, as the retry policy's backoff does; a
+    /// failure retrying cannot fix (a missing table) is logged at error level. Both count in
+    /// `jobs_store_failures_total{queue, class}`.
     pub(crate) async fn store_unavailable(
         &self,
         delivery: &Delivery,
         error: &StoreError,
     ) -> Outcome {
-        tracing::warn!(error = %error, "store unavailable; deferring the job");
-        let until = self.clock.now() + self.policy.ceiling(1);
+        let failures = self
+            .store_failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .saturating_add(1);
+        let wait = self.policy.ceiling(failures);
+        let class = error.class();
+        metrics::counter!(
+            "jobs_store_failures_total",
+            "queue" => self.queue.to_string(),
+            "class" => class.to_string(),
+        )
+        .increment(1);
+        if class.is_retryable() {
+            tracing::warn!(error = %error, retry_in = ?wait, "store unavailable; deferring the job");
+        } else {
+            tracing::error!(error = %error, retry_in = ?wait, "the store refuses the work (a missing table, a permission?); deferring the job until it is fixed");
+        }
+        let until = self.clock.now() + wait;
         self.defer(delivery, until).await
+    }
+
+    /// A work transaction committed: the store is back, so the next failure waits the least.
+    pub(crate) fn store_works(&self) {
+        self.store_failures
+            .store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     async fn defer(&self, delivery: &Delivery, until: SystemTime) -> Outcome {
@@ -1169,6 +1402,8 @@ pub(crate) struct Ready<Tx: Send> {
     pub(crate) job_id: JobId,
     /// [`Handler::RERUNNABLE`] of its handler.
     pub(crate) rerunnable: bool,
+    /// Fires the job's [`Cancellation`](crate::Cancellation).
+    pub(crate) cancel: Canceller,
 }
 
 /// A delivery that can only be dead-lettered, and why.
@@ -1179,6 +1414,29 @@ pub(crate) struct Reject {
 }
 
 /// Runs a prepared job, turning a panic into a retryable failure that names it.
+/// A handler stopped at its time limit.
+#[derive(Debug, Error)]
+#[error("the handler timed out after {0:?}; its writes were rolled back")]
+struct TimedOut(Duration);
+
+/// [`run_caught`] within `limit`: past it the handler's future is dropped (it stops at its
+/// next `.await`) and the job fails with [`TimedOut`], retryable.
+pub(crate) async fn run_bounded<Tx: Send>(
+    prepared: Box<dyn Prepared<Tx>>,
+    tx: &mut Tx,
+    limit: Duration,
+    cancel: &Canceller,
+) -> Result<(), JobError> {
+    match tokio::time::timeout(limit, run_caught(prepared, tx)).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(timeout = ?limit, "handler timed out");
+            cancel.cancel();
+            Err(JobError::retry(TimedOut(limit)))
+        }
+    }
+}
+
 pub(crate) async fn run_caught<Tx: Send>(
     prepared: Box<dyn Prepared<Tx>>,
     tx: &mut Tx,

@@ -30,6 +30,7 @@ mod id;
 mod name;
 mod queue;
 mod rate;
+mod retry_after;
 pub mod schema;
 mod store;
 mod tenants;
@@ -49,14 +50,15 @@ pub use error::ErrorClass;
 pub use id::{CorrelationId, JobId, TenantId, UUID_PATTERN, UUIDV7_PATTERN, UuidError};
 pub use name::{ConsumerName, Kind, MAX_NAME_LEN, NAME_PATTERN, NameError, QueueName, Rail};
 pub use queue::{
-    ConsumerPort, Delivery, Depth, Lease, PublishOptions, PullPort, QueueDepth, QueueError,
-    QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement,
+    ConsumerPort, Delivery, Depth, Lease, MAX_WAIT, PublishOptions, PullPort, QueueDepth,
+    QueueError, QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement, later,
 };
 #[cfg(feature = "mock")]
 pub use queue::{MockPullPort, MockQueueDepth, MockQueuePort, MockSettlePort};
 #[cfg(feature = "mock")]
 pub use rate::MockRateLimiter;
 pub use rate::{Acquired, Bucket, BucketKey, RateLimitError, RateLimiter};
+pub use retry_after::{MAX_RETRY_AFTER, parse_http_date, parse_retry_after};
 pub use store::{
     Claim, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
     GroupTransaction, NewDeadLetter, ProcessedJobs, Recorded, StoreError, Transition, WorkStore,

@@ -18,6 +18,28 @@ use crate::id::JobId;
 use crate::name::{ConsumerName, QueueName};
 use crate::store::{Claim, GroupTransaction, StoreError, WorkStore};
 
+/// The longest any job may wait or be leased: a hundred years, beyond every transport's
+/// retention. Times asked for beyond it are refused ([`later`]).
+pub const MAX_WAIT: Duration = Duration::from_secs(36_500 * 86_400);
+
+/// `now + by` for a time a caller asked for (`what`: a delay, a lease), or
+/// [`QueueError::Rejected`] naming it when `by` is beyond [`MAX_WAIT`], so that no value,
+/// however absurd, overflows the clock.
+pub fn later(
+    queue: &QueueName,
+    now: SystemTime,
+    by: Duration,
+    what: &str,
+) -> Result<SystemTime, QueueError> {
+    match now.checked_add(by) {
+        Some(at) if by <= MAX_WAIT => Ok(at),
+        _ => Err(QueueError::Rejected {
+            queue: queue.clone(),
+            reason: format!("a {what} of {by:?} is beyond the longest wait, {MAX_WAIT:?}"),
+        }),
+    }
+}
+
 /// How a job is published.
 ///
 /// ```
@@ -50,6 +72,13 @@ impl PublishOptions {
     /// The requested delay, if any.
     pub fn delay_value(&self) -> Option<Duration> {
         self.delay
+    }
+
+    /// When a job published at `now` with these options becomes visible: `now` plus the delay,
+    /// or [`QueueError::Rejected`] naming the delay when it is beyond [`MAX_WAIT`] (an absurd
+    /// delay is refused, never an overflow).
+    pub fn visible_at(&self, queue: &QueueName, now: SystemTime) -> Result<SystemTime, QueueError> {
+        later(queue, now, self.delay.unwrap_or_default(), "delay")
     }
 
     /// The deduplication key set with [`PublishOptions::dedup_key`], if any.

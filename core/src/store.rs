@@ -18,8 +18,10 @@ use crate::error::ErrorClass;
 use crate::id::{CorrelationId, JobId, TenantId};
 use crate::name::{ConsumerName, Kind, QueueName};
 
-/// The outcome of claiming a job inside a work transaction.
+/// The outcome of claiming a job inside a work transaction. Non-exhaustive: a runtime treats
+/// a claim it does not know as not claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Claim {
     /// The row is new: run the handler in this transaction.
     Claimed,

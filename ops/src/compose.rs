@@ -64,6 +64,19 @@ pub struct Key {
 }
 
 impl Key {
+    /// `value` as it may be printed: a secret keeps only its scheme (`postgres://…`, so a
+    /// password in a URL never shows), or is `…`.
+    pub fn shown(&self, value: &str) -> String {
+        if !self.secret {
+            return value.to_owned();
+        }
+        match value.split_once("://") {
+            Some((scheme, _)) => format!("{scheme}://…"),
+            None if value.ends_with(':') => value.to_owned(),
+            None => "…".to_owned(),
+        }
+    }
+
     /// Every way to set the key, for error messages: `--queue-url (JOBS_QUEUE_URL, queue_url)`.
     pub fn describe(&self) -> String {
         match self.flag {
@@ -370,11 +383,31 @@ impl ConfigFile {
     }
 }
 
-/// The configuration, every key resolved by precedence.
-#[derive(Debug, Clone)]
+/// The configuration, every key resolved by precedence. Its `Debug` hides secrets as
+/// `jobsctl config` does ([`Key::shown`]).
+#[derive(Clone)]
 pub struct Config {
     settings: BTreeMap<&'static str, Setting>,
     file: Option<PathBuf>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut settings = f.debug_map();
+        for key in KEYS {
+            if let Some(setting) = self.setting(key) {
+                settings.entry(
+                    &key.name,
+                    &format_args!("{} ({})", key.shown(&setting.value), setting.source),
+                );
+            }
+        }
+        settings.finish()?;
+        if let Some(file) = &self.file {
+            write!(f, " from {}", file.display())?;
+        }
+        Ok(())
+    }
 }
 
 impl Config {

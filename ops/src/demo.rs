@@ -122,6 +122,11 @@ async fn run_on(path: &std::path::Path, out: &mut impl Write) -> Result<()> {
         .execute(store.pool())
         .await?;
     let alerter = ConsoleAlerter::default();
+    let alerts = CoalescingAlerter::new(
+        Arc::new(alerter.clone()),
+        Arc::new(SystemClock),
+        Duration::from_secs(60),
+    );
     let fixed = Arc::new(AtomicBool::new(false));
     let invoices: QueueName = "billing.invoices".parse()?;
     let policy = QueuePolicy::new(
@@ -143,11 +148,7 @@ async fn run_on(path: &std::path::Path, out: &mut impl Write) -> Result<()> {
         },
     )
     .policy(policy.clone())
-    .alerts(CoalescingAlerter::new(
-        Arc::new(alerter.clone()),
-        Arc::new(SystemClock),
-        Duration::from_secs(60),
-    ))
+    .alerts(alerts.clone())
     .build()?;
 
     writeln!(
@@ -206,6 +207,7 @@ async fn run_on(path: &std::path::Path, out: &mut impl Write) -> Result<()> {
             letter.letter.last_error
         )?;
     }
+    alerts.quiet().await;
     for alert in alerter
         .raised
         .lock()

@@ -511,13 +511,7 @@ fn show_config(config: &Config, json: bool, out: &mut impl std::io::Write) -> Re
     }
     for key in compose::KEYS {
         let setting = config.setting(key);
-        let value = setting.map(|s| {
-            if key.secret {
-                redact(&s.value)
-            } else {
-                s.value.clone()
-            }
-        });
+        let value = setting.map(|s| key.shown(&s.value));
         let source = setting.map_or_else(|| "unset".to_owned(), |s| s.source.to_string());
         if json {
             let line = serde_json::json!({
@@ -539,15 +533,6 @@ fn show_config(config: &Config, json: bool, out: &mut impl std::io::Write) -> Re
         }
     }
     Ok(())
-}
-
-/// A secret value with only its scheme left (`postgres://…`), or `…` for a token.
-fn redact(value: &str) -> String {
-    match value.split_once("://") {
-        Some((scheme, _)) => format!("{scheme}://…"),
-        None if value.ends_with(':') => value.to_owned(),
-        None => "…".to_owned(),
-    }
 }
 
 async fn dead_letter_command(
@@ -677,9 +662,24 @@ mod tests {
     }
 
     #[test]
-    fn secrets_keep_only_their_scheme() {
-        assert_eq!(super::redact("postgres://u:pw@h/db"), "postgres://…");
-        assert_eq!(super::redact("memory:"), "memory:");
-        assert_eq!(super::redact("token123"), "…");
+    fn secrets_keep_only_their_scheme_in_print_and_in_debug() {
+        let key = &jobs_ops::compose::DATABASE_URL;
+        assert!(key.secret);
+        assert_eq!(key.shown("postgres://u:pw@h/db"), "postgres://…");
+        assert_eq!(key.shown("memory:"), "memory:");
+        assert_eq!(key.shown("token123"), "…");
+        let env =
+            |name: &str| (name == "DATABASE_URL").then(|| "postgres://u:hunter2@h/db".to_owned());
+        let config = jobs_ops::compose::Config::resolve(
+            &Default::default(),
+            &env,
+            &jobs_ops::compose::ConfigFile::None,
+        )
+        .expect("resolves");
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("hunter2") && debug.contains("postgres://…"),
+            "{debug}"
+        );
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use jobs_core::{Alert, AlertError, Alerter};
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, DATE, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
@@ -311,16 +311,12 @@ fn redact(text: &str, token: &str) -> String {
     }
 }
 
-/// `Retry-After` in seconds (the HTTP-date form is not used by BetterStack and is ignored).
+/// `Retry-After`, bounded ([`jobs_core::parse_retry_after`]; a date is measured from the
+/// response's `Date`).
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(Duration::from_secs)
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let date = header(DATE).and_then(jobs_core::parse_http_date);
+    jobs_core::parse_retry_after(header(RETRY_AFTER)?, date)
 }
 
 #[cfg(test)]

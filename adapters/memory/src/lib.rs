@@ -23,8 +23,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_core::{
-    Clock, Delivery, Depth, Envelope, Lease, PublishOptions, PullPort, QueueDepth, QueueError,
-    QueueName, QueuePort, Receipt, SettlePort, SystemClock,
+    Clock, Delivery, Depth, Envelope, Lease, MAX_WAIT, PublishOptions, PullPort, QueueDepth,
+    QueueError, QueueName, QueuePort, Receipt, SettlePort, SystemClock, later,
 };
 use tokio::sync::Notify;
 
@@ -35,7 +35,7 @@ pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 ///
 /// ```
 /// use jobs_adapter_memory::MemoryQueue;
-/// use jobs_core::{ConsumerPort, Envelope, PublishOptions, QueueName, QueuePort};
+/// use jobs_core::{Envelope, PublishOptions, PullPort, QueueName, QueuePort, SettlePort};
 /// use std::time::Duration;
 ///
 /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
@@ -97,7 +97,10 @@ impl MemoryQueue {
         opts: &PublishOptions,
     ) -> Receipt {
         let now = self.clock.now();
-        let visible_at = now + opts.delay_value().unwrap_or_default();
+        // An absurd delay waits as long as any may: this helper has no error to return.
+        let visible_at = opts
+            .visible_at(queue, now)
+            .unwrap_or_else(|_| now.checked_add(MAX_WAIT).unwrap_or(now));
         let key = opts.dedup_key_value().map(str::to_owned);
         self.lock()
             .enqueue(queue, payload, key, now, visible_at, self.dedup_window)
@@ -262,7 +265,7 @@ impl QueuePort for MemoryQueue {
     ) -> Result<Receipt, QueueError> {
         let payload = envelope.to_json_bytes()?;
         let now = self.clock.now();
-        let visible_at = now + opts.delay_value().unwrap_or_default();
+        let visible_at = opts.visible_at(queue, now)?;
         let key = opts.dedup_key_for(envelope).into_owned();
         Ok(self.lock().enqueue(
             queue,
@@ -303,7 +306,7 @@ impl PullPort for MemoryQueue {
         lease: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
         let now = self.clock.now();
-        let expires_at = now + lease;
+        let expires_at = later(name, now, lease, "lease")?;
         let mut state = self.lock();
         let Some(queue) = state.queues.get_mut(name) else {
             return Ok(vec![]);
@@ -373,10 +376,11 @@ impl SettlePort for MemoryQueue {
     }
 
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
+        let extended = later(lease.queue(), self.clock.now(), by, "lease extension")?;
         let mut expires_at = None;
-        self.settle(lease, |queue, id, now| {
-            queue.make_visible_at(id, now + by, true);
-            expires_at = Some(now + by);
+        self.settle(lease, |queue, id, _| {
+            queue.make_visible_at(id, extended, true);
+            expires_at = Some(extended);
         })?;
         Ok(Lease::new(
             lease.queue().clone(),

@@ -78,7 +78,7 @@ impl Outbox {
         opts: PublishOptions,
     ) -> Result<Receipt, QueueError> {
         let now = self.clock.now();
-        let run_at = now + opts.delay_value().unwrap_or_default();
+        let run_at = opts.visible_at(queue, now)?;
         let key = opts.dedup_key_for(envelope);
         self.insert(conn, queue, envelope, &key, run_at, now).await
     }

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use jobs_core::{
     Claim, Clock, ConsumerName, Delivery, Depth, Envelope, JobId, Lease, PublishOptions, PullPort,
     QueueDepth, QueueError, QueueName, QueuePort, Receipt, SettleInTransaction, SettlePort,
-    Settlement, StoreError, SystemClock,
+    Settlement, StoreError, SystemClock, later,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgListener, PgRow};
@@ -65,7 +65,7 @@ pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc
 ///
 /// ```no_run
 /// use jobs_adapter_postgres::{PgQueue, PgStore};
-/// use jobs_core::{ConsumerPort, QueueName};
+/// use jobs_core::{PullPort, QueueName, SettlePort};
 /// use std::time::Duration;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -157,7 +157,7 @@ impl PgQueue {
     ) -> Result<Receipt, QueueError> {
         let payload = envelope.to_json_bytes()?;
         let now = self.clock.now();
-        let run_at = now + opts.delay_value().unwrap_or_default();
+        let run_at = opts.visible_at(queue, now)?;
         let key = opts.dedup_key_for(envelope);
         self.insert(
             conn,
@@ -180,7 +180,7 @@ impl PgQueue {
         opts: &PublishOptions,
     ) -> Result<Receipt, QueueError> {
         let now = self.clock.now();
-        let run_at = now + opts.delay_value().unwrap_or_default();
+        let run_at = opts.visible_at(queue, now)?;
         let key = match opts.dedup_key_value() {
             Some(key) => key.to_owned(),
             None => JobId::generate().to_string(),
@@ -257,7 +257,7 @@ impl PgQueue {
             keys.push(job.opts.dedup_key_for(&job.envelope).into_owned());
             payloads.push(job.envelope.to_json_bytes()?);
             tenants.push(job.envelope.tenant_id.as_uuid());
-            let run_at = now + job.opts.delay_value().unwrap_or_default();
+            let run_at = job.opts.visible_at(queue, now)?;
             run_ats.push(timestamp(queue, run_at)?);
         }
         // The receipts come back as one row of two arrays: a row per job costs the client
@@ -475,7 +475,7 @@ impl PullPort for PgQueue {
         let rows = sqlx::query(LEASE_STATEMENT)
             .bind(queue.as_str())
             .bind(timestamp(queue, now)?)
-            .bind(timestamp(queue, now + lease)?)
+            .bind(timestamp(queue, later(queue, now, lease, "lease")?)?)
             .bind(i64::try_from(max).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await
@@ -524,7 +524,7 @@ impl SettlePort for PgQueue {
     }
 
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
-        let until = self.clock.now() + by;
+        let until = later(lease.queue(), self.clock.now(), by, "lease extension")?;
         self.settle(
             lease,
             fenced!("update core.jobs set visible_at = $4"),

@@ -605,17 +605,17 @@ fn unavailable(queue: &QueueName, e: reqwest::Error) -> QueueError {
     }
 }
 
-/// `Retry-After`, else `Burst-RateLimit-Reset`, in seconds.
+/// `Retry-After`, else `Burst-RateLimit-Reset` (seconds), bounded
+/// ([`jobs_core::parse_retry_after`]; a date is measured from the response's `Date`).
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds = |name: &str| {
+    let header = |name: &str| {
         headers
             .get(HeaderName::from_bytes(name.as_bytes()).ok()?)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
     };
-    seconds("retry-after")
-        .or_else(|| seconds("burst-ratelimit-reset"))
-        .map(Duration::from_secs)
+    let date = header("date").and_then(jobs_core::parse_http_date);
+    let wait = |name| jobs_core::parse_retry_after(header(name)?, date);
+    wait("retry-after").or_else(|| wait("burst-ratelimit-reset"))
 }
 
 fn status_error(

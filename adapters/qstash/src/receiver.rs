@@ -182,7 +182,11 @@ impl PushConsumer {
     fn open(&self, queue: &QueueName, message_id: &str, lease: Duration) -> Lease {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let token = format!("{message_id}#{n}");
-        let expires_at = self.clock.now() + lease;
+        let now = self.clock.now();
+        // The lease comes from the request (its timeout): an absurd one is clamped.
+        let expires_at = now
+            .checked_add(lease.min(jobs_core::MAX_WAIT))
+            .unwrap_or(now);
         self.slots()
             .insert(token.clone(), Slot::Open { expires_at });
         Lease::new(queue.clone(), token, expires_at)
@@ -223,10 +227,11 @@ impl SettlePort for PushConsumer {
 
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
         let now = self.clock.now();
+        let extended = jobs_core::later(lease.queue(), now, by, "lease extension")?;
         let mut slots = self.slots();
         match slots.get_mut(lease.token()) {
             Some(Slot::Open { expires_at }) if *expires_at >= now => {
-                *expires_at = now + by;
+                *expires_at = extended;
                 Ok(Lease::new(
                     lease.queue().clone(),
                     lease.token(),

@@ -24,8 +24,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_core::{
-    ConsumerPort, Delivery, Depth, Envelope, Lease, PublishOptions, PullPort, QueueDepth,
-    QueueError, QueueName, QueuePort, Receipt, SettlePort,
+    Clock, ConsumerPort, Delivery, Depth, Envelope, Lease, PublishOptions, PullPort, QueueDepth,
+    QueueError, QueueName, QueuePort, Receipt, SettlePort, SystemClock,
 };
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -46,6 +46,7 @@ pub struct CountedQueue {
     publisher: Arc<dyn QueuePort>,
     consumer: Arc<dyn ConsumerPort>,
     ledger: Arc<Ledger>,
+    clock: Arc<dyn Clock>,
 }
 
 struct Ledger {
@@ -54,8 +55,10 @@ struct Ledger {
     prefix: String,
     horizon: Duration,
     script: Script,
-    /// The job id behind each lease handed out and not yet acked.
-    leased: Mutex<HashMap<String, String>>,
+    /// The job id behind each lease handed out and not yet acked, with the lease's expiry:
+    /// a lease never settled here (the worker died, the ack failed) is forgotten once it has
+    /// expired, so the map holds at most the leases still live.
+    leased: Mutex<HashMap<String, (String, SystemTime)>>,
 }
 
 impl CountedQueue {
@@ -80,7 +83,20 @@ impl CountedQueue {
                 script: Script::new(DEPTH_SCRIPT),
                 leased: Mutex::default(),
             }),
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Takes time from `clock` (default: the system clock), for scheduled publishes' delays
+    /// and the leases' expiry.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How many leases it tracks, for tests of its bound.
+    pub fn tracked_leases(&self) -> usize {
+        self.leased().len()
     }
 
     /// The Redis key of `queue`'s count.
@@ -127,7 +143,7 @@ impl CountedQueue {
         }
     }
 
-    fn leased(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+    fn leased(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, SystemTime)>> {
         self.ledger.leased.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -153,7 +169,7 @@ impl QueuePort for CountedQueue {
         run_at: SystemTime,
     ) -> Result<Receipt, QueueError> {
         let receipt = self.publisher.schedule(queue, envelope, run_at).await?;
-        let delay = run_at.duration_since(SystemTime::now()).unwrap_or_default();
+        let delay = run_at.duration_since(self.clock.now()).unwrap_or_default();
         self.count(queue, &envelope.job_id.to_string(), delay).await;
         Ok(receipt)
     }
@@ -179,10 +195,13 @@ impl PullPort for CountedQueue {
         lease: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
         let deliveries = self.consumer.receive(queue, max, lease).await?;
+        let now = self.clock.now();
         let mut leased = self.leased();
+        leased.retain(|_, (_, expires)| *expires > now);
         for delivery in &deliveries {
             if let Some(id) = job_id(&delivery.payload) {
-                leased.insert(delivery.lease.token().to_owned(), id);
+                let expires = delivery.lease.expires_at();
+                leased.insert(delivery.lease.token().to_owned(), (id, expires));
             }
         }
         Ok(deliveries)
@@ -198,7 +217,7 @@ impl SettlePort for CountedQueue {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.consumer.ack(lease).await?;
         let id = self.leased().remove(lease.token());
-        if let Some(id) = id {
+        if let Some((id, _)) = id {
             if let Err(error) = self.run(lease.queue(), "remove", &id, 0).await {
                 let queue = lease.queue();
                 tracing::warn!(%queue, job_id = id, %error, "uncounting an ack in Redis failed; the horizon will");
@@ -220,8 +239,8 @@ impl SettlePort for CountedQueue {
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
         let extended = self.consumer.extend(lease, by).await?;
         let mut leased = self.leased();
-        if let Some(id) = leased.remove(lease.token()) {
-            leased.insert(extended.token().to_owned(), id);
+        if let Some((id, _)) = leased.remove(lease.token()) {
+            leased.insert(extended.token().to_owned(), (id, extended.expires_at()));
         }
         Ok(extended)
     }

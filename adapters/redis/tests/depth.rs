@@ -237,3 +237,36 @@ async fn redis_away_costs_the_count_not_the_publish_or_the_ack() {
     let err = counted.depth(&q).await.unwrap_err();
     assert!(err.to_string().contains("Redis"), "{err}");
 }
+
+#[tokio::test]
+async fn leases_never_settled_are_forgotten_once_they_expire() {
+    let q = queue();
+    let clock = jobs_core::ManualClock::default();
+    clock.set(SystemTime::now());
+    let counted = counted(&url(), &unique_prefix("leases"), Duration::from_secs(3600))
+        .with_clock(Arc::new(clock.clone()));
+    for n in 0..5 {
+        counted
+            .publish(&q, &fixtures::envelope(1, n), PublishOptions::default())
+            .await
+            .unwrap();
+    }
+    // Leased and never settled here: the worker died, or its acks failed.
+    let lost = counted
+        .receive(&q, 3, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!((lost.len(), counted.tracked_leases()), (3, 3));
+    clock.advance(Duration::from_secs(60));
+    let next = counted
+        .receive(&q, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(next.len(), 2);
+    assert_eq!(
+        counted.tracked_leases(),
+        2,
+        "the expired leases are gone, the live ones kept"
+    );
+    cleanup(&counted, &q).await;
+}

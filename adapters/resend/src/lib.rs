@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use jobs_core::{Email, EmailError, EmailProvider};
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, DATE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
@@ -359,20 +359,13 @@ fn redact(text: &str, api_key: &str) -> String {
     }
 }
 
-/// `retry-after` in seconds, else `ratelimit-reset` in seconds (the HTTP-date form is not used
-/// by Resend and is ignored).
+/// `retry-after`, else `ratelimit-reset` (seconds), bounded ([`jobs_core::parse_retry_after`];
+/// a date is measured from the response's `Date`).
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds = |name: &HeaderName| {
-        headers
-            .get(name)?
-            .to_str()
-            .ok()?
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .map(Duration::from_secs)
-    };
-    seconds(&RETRY_AFTER).or_else(|| seconds(&RATELIMIT_RESET))
+    let header = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let date = header(&DATE).and_then(jobs_core::parse_http_date);
+    let wait = |name: &HeaderName| jobs_core::parse_retry_after(header(name)?, date);
+    wait(&RETRY_AFTER).or_else(|| wait(&RATELIMIT_RESET))
 }
 
 #[cfg(test)]
@@ -431,5 +424,24 @@ mod tests {
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
         headers.insert(RETRY_AFTER, HeaderValue::from_static("3"));
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn a_hostile_retry_after_is_bounded_and_a_date_is_read_against_the_response_s() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("200000000000000000000000"),
+        );
+        assert_eq!(retry_after(&headers), Some(jobs_core::MAX_RETRY_AFTER));
+        headers.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:30 GMT"),
+        );
+        headers.insert(
+            DATE,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(30)));
     }
 }

@@ -260,16 +260,12 @@ fn exhausted(queue: &QueueName, failure: Failure) -> QueueError {
     }
 }
 
-/// `Retry-After` in seconds (the form Vercel sends).
+/// `Retry-After`, bounded ([`jobs_core::parse_retry_after`]; a date is measured from the
+/// response's `Date`).
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(Duration::from_secs)
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let date = header(reqwest::header::DATE).and_then(jobs_core::parse_http_date);
+    jobs_core::parse_retry_after(header(RETRY_AFTER)?, date)
 }
 
 /// A header value from text we produced (numbers, keys we validated).

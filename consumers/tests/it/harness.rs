@@ -69,6 +69,8 @@ pub(crate) struct Harness {
     pub(crate) store: MemoryStore,
     pub(crate) calls: Arc<Mutex<HashMap<u64, u32>>>,
     pub(crate) alerter: RecordingAlerter,
+    /// The harness workers' alerts, coalesced over `alerter`.
+    pub(crate) alerts: jobs_consumers::CoalescingAlerter,
     pub(crate) name: QueueName,
 }
 
@@ -79,27 +81,26 @@ impl Harness {
     pub(crate) fn new() -> Self {
         let clock = ManualClock::default();
         let queue = MemoryQueue::new(Arc::new(clock.clone()));
+        let alerter = RecordingAlerter::default();
         Harness {
             transport: LosesAcks::new(Arc::new(queue.clone())),
+            alerts: jobs_consumers::CoalescingAlerter::new(
+                Arc::new(alerter.clone()),
+                Arc::new(clock.clone()),
+                Duration::from_secs(300),
+            ),
             clock,
             queue,
             store: MemoryStore::default(),
             calls: Arc::default(),
-            alerter: RecordingAlerter::default(),
+            alerter,
             name: QUEUE.parse().expect("valid"),
         }
     }
 
-    pub(crate) fn worker(&self, script: Script) -> Worker<MemoryStore> {
-        self.worker_with(script, WorkerConfig::default())
-    }
-
-    pub(crate) fn worker_with(&self, script: Script, config: WorkerConfig) -> Worker<MemoryStore> {
-        let alerts = jobs_consumers::CoalescingAlerter::new(
-            Arc::new(self.alerter.clone()),
-            Arc::new(self.clock.clone()),
-            Duration::from_secs(300),
-        );
+    /// A builder of the harness's consumer on its queue, transport, store and clock, for
+    /// workers a test assembles itself.
+    pub(crate) fn builder(&self) -> jobs_consumers::WorkerBuilder<MemoryStore> {
         Worker::builder(
             ConsumerName::try_from("test.consumer").expect("valid"),
             self.name.clone(),
@@ -107,18 +108,49 @@ impl Harness {
             Arc::new(self.store.clone()),
             Arc::new(self.store.clone()),
         )
+        .clock(Arc::new(self.clock.clone()))
+    }
+
+    /// The queue of maintenance jobs, and a worker running `cleanup` on it.
+    pub(crate) fn cleaner(
+        &self,
+        cleanup: jobs_consumers::ProcessedCleanup,
+    ) -> (QueueName, Worker<MemoryStore>) {
+        let maintenance: QueueName = "core.maintenance".parse().expect("valid");
+        let cleaner = Worker::builder(
+            ConsumerName::try_from("core.cleanup").expect("valid"),
+            maintenance.clone(),
+            Arc::new(self.queue.clone()),
+            Arc::new(self.store.clone()),
+            Arc::new(self.store.clone()),
+        )
         .handler(
-            KIND.parse().expect("valid"),
-            Scripted {
-                script,
-                calls: self.calls.clone(),
-            },
+            jobs_consumers::CLEANUP_KIND.parse().expect("valid"),
+            cleanup,
         )
         .clock(Arc::new(self.clock.clone()))
-        .alerts(alerts)
-        .config(config)
         .build()
-        .expect("a valid worker")
+        .expect("valid");
+        (maintenance, cleaner)
+    }
+
+    pub(crate) fn worker(&self, script: Script) -> Worker<MemoryStore> {
+        self.worker_with(script, WorkerConfig::default())
+    }
+
+    pub(crate) fn worker_with(&self, script: Script, config: WorkerConfig) -> Worker<MemoryStore> {
+        self.builder()
+            .handler(
+                KIND.parse().expect("valid"),
+                Scripted {
+                    script,
+                    calls: self.calls.clone(),
+                },
+            )
+            .alerts(self.alerts.clone())
+            .config(config)
+            .build()
+            .expect("a valid worker")
     }
 
     pub(crate) async fn publish(&self, n: u64) -> Envelope {
@@ -158,7 +190,9 @@ impl Harness {
             .unwrap_or(0)
     }
 
-    pub(crate) fn alerts(&self) -> Vec<Alert> {
+    /// The alerts sent, once every alert queued was answered.
+    pub(crate) async fn alerts(&self) -> Vec<Alert> {
+        self.alerts.quiet().await;
         self.alerter.alerts.lock().expect("not poisoned").clone()
     }
 }

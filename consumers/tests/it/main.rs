@@ -1,6 +1,7 @@
 //! Integration tests of the worker runtime, on the memory queue and store with a manual clock.
 
 mod harness;
+mod liveness;
 mod model;
 mod retry;
 mod throttle;

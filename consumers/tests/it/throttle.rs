@@ -29,6 +29,24 @@ impl Handler<MemoryWorkTx> for Send {
     }
 }
 
+/// The sender's worker on the harness's queue, running `handler`.
+fn sender(
+    h: &Harness,
+    handler: impl Handler<MemoryWorkTx>,
+) -> Worker<jobs_adapter_memory::MemoryStore> {
+    Worker::builder(
+        ConsumerName::try_from("test.sender").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.queue.clone()),
+        Arc::new(h.store.clone()),
+        Arc::new(h.store.clone()),
+    )
+    .handler(KIND.parse().expect("valid"), handler)
+    .clock(Arc::new(h.clock.clone()))
+    .build()
+    .expect("valid")
+}
+
 #[tokio::test]
 async fn denied_tokens_defer_without_spending_attempts() {
     let h = Harness::new();
@@ -42,17 +60,7 @@ async fn denied_tokens_defer_without_spending_attempts() {
         limiter,
         move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), provider)],
     );
-    let worker = Worker::builder(
-        ConsumerName::try_from("test.sender").expect("valid"),
-        h.name.clone(),
-        Arc::new(h.queue.clone()),
-        Arc::new(h.store.clone()),
-        Arc::new(h.store.clone()),
-    )
-    .handler(KIND.parse().expect("valid"), handler)
-    .clock(Arc::new(h.clock.clone()))
-    .build()
-    .expect("valid");
+    let worker = sender(&h, handler);
     for n in 0..7 {
         h.publish(n).await;
     }
@@ -64,6 +72,22 @@ async fn denied_tokens_defer_without_spending_attempts() {
         .filter(|o| matches!(o, Outcome::Deferred { .. }))
         .count();
     assert_eq!((processed, deferred), (2, 5), "{first:?}");
+    let untils: Vec<std::time::SystemTime> = first
+        .iter()
+        .filter_map(|o| match o {
+            Outcome::Deferred { until } => Some(*until),
+            _ => None,
+        })
+        .collect();
+    let (earliest, latest) = (
+        *untils.iter().min().expect("five"),
+        *untils.iter().max().expect("five"),
+    );
+    assert!(
+        latest > earliest
+            && latest.duration_since(earliest).expect("ordered") < Duration::from_secs(10),
+        "denied together, spread over the refill interval: {untils:?}"
+    );
 
     for _ in 0..10 {
         h.clock.advance(Duration::from_secs(10));
@@ -84,4 +108,35 @@ async fn denied_tokens_defer_without_spending_attempts() {
         .await
         .expect("list");
     assert!(letters.is_empty(), "a rate limit dead-lettered a job");
+}
+
+#[tokio::test]
+async fn a_bucket_the_limiter_refuses_dead_letters_instead_of_deferring_forever() {
+    let h = Harness::new();
+    let limiter = Arc::new(MemoryRateLimiter::new(Arc::new(h.clock.clone())));
+    let broken = Bucket {
+        capacity: 0,
+        refill: 0,
+        interval: Duration::ZERO,
+    };
+    let handler = Throttled::new(
+        Send {
+            attempts: Arc::default(),
+        },
+        limiter,
+        move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), broken)],
+    );
+    let worker = sender(&h, handler);
+    h.publish(1).await;
+    let outcomes = h.drain(&worker).await;
+    assert!(
+        matches!(
+            outcomes[..],
+            [Outcome::DeadLettered {
+                reason: jobs_consumers::DeadReason::Permanent,
+                ..
+            }]
+        ),
+        "{outcomes:?}"
+    );
 }

@@ -149,7 +149,7 @@ async fn exhausted_jobs_are_dead_lettered_with_their_story_and_alerted_once() {
         envelope.to_json_bytes().expect("encodes")
     );
     assert_eq!(depth(&h).await, 0, "acked after dead-lettering");
-    let alerts = h.alerts();
+    let alerts = h.alerts().await;
     assert_eq!(alerts.len(), 1);
     assert!(
         alerts[0].title.contains("1 job dead-lettered on test.jobs"),
@@ -417,10 +417,10 @@ async fn alerts_are_coalesced_per_queue_per_window() {
         h.publish(n).await;
     }
     h.drain(&worker).await;
-    assert_eq!(h.alerts().len(), 1, "a storm raises one alert");
+    assert_eq!(h.alerts().await.len(), 1, "a storm raises one alert");
     h.clock.advance(Duration::from_secs(301));
     h.drain(&worker).await;
-    let alerts = h.alerts();
+    let alerts = h.alerts().await;
     assert_eq!(
         alerts.len(),
         2,
@@ -497,18 +497,7 @@ async fn the_cleanup_job_purges_old_processed_rows_in_batches() {
         .clock(Arc::new(h.clock.clone()))
         .ttl(Duration::from_secs(24 * 3600))
         .batch(10);
-    let maintenance: jobs_core::QueueName = "core.maintenance".parse().expect("valid");
-    let cleaner = jobs_consumers::Worker::builder(
-        ConsumerName::try_from("core.cleanup").expect("valid"),
-        maintenance.clone(),
-        Arc::new(h.queue.clone()),
-        Arc::new(h.store.clone()),
-        Arc::new(h.store.clone()),
-    )
-    .handler(CLEANUP_KIND.parse().expect("valid"), cleanup)
-    .clock(Arc::new(h.clock.clone()))
-    .build()
-    .expect("valid");
+    let (maintenance, cleaner) = h.cleaner(cleanup);
     let job = jobs_testkit::fixtures::envelope_with(1, CLEANUP_KIND, serde_json::json!({}));
     h.queue
         .publish(&maintenance, &job, PublishOptions::default())
@@ -809,6 +798,13 @@ async fn a_store_outage_defers_the_job_into_the_future_without_spending_an_attem
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].attempt, 1, "the outage spent no attempt");
     assert_eq!(h.calls(1), 0);
+    // An outage that lasts backs off: twice as long for each failure in a row.
+    let now = jobs_core::Clock::now(&h.clock);
+    let delivery = again.into_iter().next().expect("one");
+    let Outcome::Deferred { until } = worker.process(delivery).await else {
+        panic!("deferred again");
+    };
+    assert_eq!(until, now + Duration::from_secs(60), "the second ceiling");
 }
 
 /// A worker of the harness's queue and kind built from `builder`'s first steps.

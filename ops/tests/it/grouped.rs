@@ -714,3 +714,91 @@ async fn a_worker_whose_connections_are_killed_drains_each_job_once() {
     assert_eq!(f.pending().await, 0, "nothing left in core.jobs");
     f.db.drop_db().await;
 }
+
+/// Never finishes (it awaits forever), like a handler stuck on a call without a timeout.
+struct Hangs;
+
+#[async_trait]
+impl Handler<PgWorkTx> for Hangs {
+    type Data = serde_json::Value;
+
+    async fn handle(&self, _: Job<serde_json::Value>, _: &mut PgWorkTx) -> Result<(), JobError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_many_timed_out_handlers_every_connection_is_back() {
+    let f = Fixture::new().await;
+    let policy = || {
+        QueuePolicy::new(
+            f.name.clone(),
+            RetryPolicy::new(1, Duration::from_secs(1), Duration::from_secs(1)).expect("valid"),
+            "one attempt: a timed-out job is dead-lettered at once",
+        )
+        .expect("valid")
+    };
+    let mut cfg = config(4);
+    cfg.handler_timeout = Duration::from_millis(100);
+    for grouped in [true, false] {
+        for n in 0..12 {
+            f.publish(&f.envelope(n, "ok"), PublishOptions::default())
+                .await;
+        }
+        let queue = Arc::new(f.queue.clone());
+        let mut builder = Worker::builder(
+            ConsumerName::try_from("test.grouped").expect("valid"),
+            f.name.clone(),
+            queue.clone(),
+            Arc::new(f.store.clone()),
+            Arc::new(f.store.clone()),
+        );
+        if grouped {
+            builder = builder.grouped(queue);
+        }
+        let worker = builder
+            .handler(KIND.parse().expect("valid"), Hangs)
+            .policy(policy())
+            .clock(Arc::new(f.clock.clone()))
+            .config(cfg.clone())
+            .build()
+            .expect("valid");
+        let mut outcomes = vec![];
+        while outcomes.len() < 12 {
+            outcomes.extend(worker.run_once().await.expect("receive"));
+        }
+        assert!(
+            outcomes.iter().all(|o| matches!(
+                o,
+                Outcome::DeadLettered {
+                    reason: DeadReason::Exhausted,
+                    ..
+                }
+            )),
+            "grouped {grouped}: {outcomes:?}"
+        );
+        assert_eq!(f.pending().await, 0);
+    }
+    let letters: Vec<String> = sqlx::query_scalar("select last_error from core.dead_letters")
+        .fetch_all(&f.pool)
+        .await
+        .expect("letters");
+    assert_eq!(letters.len(), 24);
+    assert!(
+        letters.iter().all(|e| e.contains("timed out")),
+        "{letters:?}"
+    );
+    // Connections go back to the pool from tasks of their own.
+    for _ in 0..100 {
+        if f.pool.num_idle() == f.pool.size() as usize {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        f.pool.num_idle(),
+        f.pool.size() as usize,
+        "no connection is held by a stopped handler"
+    );
+    f.db.drop_db().await;
+}

@@ -318,7 +318,7 @@ async fn race<S: WorkStore>(check: &str, store: S, first_commits: bool) -> (Arc<
             let claim = tx.claim(job, &c, time(1)).await?;
             match claim {
                 Claim::Claimed => tx.commit().await?,
-                Claim::AlreadyProcessed | Claim::DeadLettered => tx.rollback().await?,
+                _ => tx.rollback().await?,
             }
             Ok::<Claim, StoreError>(claim)
         }

@@ -1,0 +1,433 @@
+//! A worker stays alive whatever its handlers do: a hung handler is stopped at its time limit,
+//! a handler whose lease is lost is stopped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jobs_adapter_memory::{MemoryStore, MemoryWorkTx};
+use jobs_consumers::{
+    DeadReason, Handler, Job, JobError, Outcome, QueuePolicy, RetryPolicy, Worker, WorkerConfig,
+};
+use jobs_core::{DeadLetterFilter, DeadLetterStore};
+
+use crate::harness::{Harness, KIND};
+
+/// Never finishes (it awaits forever), like a handler stuck on a call without a timeout.
+struct Hangs;
+
+#[async_trait]
+impl Handler<MemoryWorkTx> for Hangs {
+    type Data = serde_json::Value;
+
+    async fn handle(
+        &self,
+        _: Job<serde_json::Value>,
+        _: &mut MemoryWorkTx,
+    ) -> Result<(), JobError> {
+        std::future::pending().await
+    }
+}
+
+/// A worker of the harness's queue running [`Hangs`], two attempts per job.
+fn hanging(h: &Harness, config: WorkerConfig, per_kind: Option<Duration>) -> Worker<MemoryStore> {
+    let policy = QueuePolicy::new(
+        h.name.clone(),
+        RetryPolicy::new(2, Duration::from_secs(1), Duration::from_secs(1)).expect("valid"),
+        "two attempts are enough to see a timeout retried and then dead-lettered",
+    )
+    .expect("valid");
+    let mut builder = h
+        .builder()
+        .handler(KIND.parse().expect("valid"), Hangs)
+        .policy(policy)
+        .config(config);
+    if let Some(limit) = per_kind {
+        builder = builder.timeout(KIND.parse().expect("valid"), limit);
+    }
+    builder.build().expect("valid")
+}
+
+async fn last_errors(h: &Harness) -> Vec<String> {
+    h.store
+        .list(&DeadLetterFilter::default())
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|letter| letter.letter.last_error)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_handler_is_stopped_at_its_time_limit_retried_then_dead_lettered() {
+    let h = Harness::new();
+    let mut config = WorkerConfig::default();
+    config.handler_timeout = Duration::from_secs(2);
+    let worker = hanging(&h, config, None);
+    h.publish(1).await;
+    let started = tokio::time::Instant::now();
+    let [Outcome::Retrying { at }] = h.drain(&worker).await[..] else {
+        panic!("the timed-out job is retried");
+    };
+    assert!(
+        started.elapsed() >= Duration::from_secs(2) && started.elapsed() < Duration::from_secs(20),
+        "stopped at its limit, well before the lease's first extension: {:?}",
+        started.elapsed()
+    );
+    h.clock.advance(
+        at.duration_since(jobs_core::Clock::now(&h.clock))
+            .unwrap_or_default(),
+    );
+    let outcomes = h.drain(&worker).await;
+    assert!(
+        matches!(
+            outcomes[..],
+            [Outcome::DeadLettered {
+                reason: DeadReason::Exhausted,
+                ..
+            }]
+        ),
+        "{outcomes:?}"
+    );
+    let errors = last_errors(&h).await;
+    assert!(
+        errors.len() == 1 && errors[0].contains("timed out after 2s"),
+        "the dead letter says it timed out: {errors:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kind_s_own_time_limit_replaces_the_worker_s() {
+    let h = Harness::new();
+    let worker = hanging(
+        &h,
+        WorkerConfig::default(),
+        Some(Duration::from_millis(300)),
+    );
+    h.publish(1).await;
+    let started = tokio::time::Instant::now();
+    assert!(matches!(
+        h.drain(&worker).await[..],
+        [Outcome::Retrying { .. }]
+    ));
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the kind's 300 ms, not the default minute: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_whose_lease_is_lost_is_stopped_and_settles_nothing() {
+    let h = Harness::new();
+    let mut config = WorkerConfig::default();
+    config.lease = Duration::from_secs(3);
+    config.handler_timeout = Duration::from_secs(3_600);
+    let worker = Arc::new(hanging(&h, config, None));
+    h.publish(1).await;
+    let running = tokio::spawn({
+        let worker = worker.clone();
+        async move { worker.run_once().await.expect("receive") }
+    });
+    tokio::task::yield_now().await;
+    // The lease expires (the worker froze, say) and another worker takes the job over.
+    h.clock.advance(Duration::from_secs(10));
+    let taken = jobs_core::PullPort::receive(&h.queue, &h.name, 1, Duration::from_secs(60))
+        .await
+        .expect("receive");
+    assert_eq!(taken.len(), 1, "the other worker has it");
+    let outcomes = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the next extension stops the handler")
+        .expect("no panic");
+    let [Outcome::Unsettled { error }] = &outcomes[..] else {
+        panic!("{outcomes:?}");
+    };
+    assert!(error.contains("lease was lost"), "{error}");
+    jobs_core::SettlePort::ack(&h.queue, &taken[0].lease)
+        .await
+        .expect("the new holder still settles it");
+}
+
+/// Waits for its cancellation, then asks to be retried; counts the cancellations it saw.
+struct Heeds(Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait]
+impl Handler<MemoryWorkTx> for Heeds {
+    type Data = serde_json::Value;
+
+    async fn handle(
+        &self,
+        job: Job<serde_json::Value>,
+        _: &mut MemoryWorkTx,
+    ) -> Result<(), JobError> {
+        // A task of its own, as handlers start for work elsewhere: it sees the signal even
+        // when the handler itself is dropped.
+        let (seen, cancellation) = (self.0.clone(), job.cancellation.clone());
+        tokio::spawn(async move {
+            cancellation.cancelled().await;
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        job.cancellation.cancelled().await;
+        Err(JobError::retry("stopped when told to"))
+    }
+}
+
+fn heeding(
+    h: &Harness,
+    config: WorkerConfig,
+    seen: &Arc<std::sync::atomic::AtomicUsize>,
+) -> Arc<Worker<MemoryStore>> {
+    Arc::new(
+        h.builder()
+            .handler(KIND.parse().expect("valid"), Heeds(seen.clone()))
+            .config(config)
+            .build()
+            .expect("valid"),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_tells_handlers_to_stop_before_it_abandons_them() {
+    let h = Harness::new();
+    let seen = Arc::default();
+    let mut config = WorkerConfig::default();
+    config.shutdown_grace = Duration::from_secs(8);
+    let worker = heeding(&h, config, &seen);
+    h.publish(1).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = tokio::time::Instant::now();
+    stop.send(()).expect("running");
+    running.await.expect("stops");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(6) && took < Duration::from_secs(8),
+        "told a quarter of the grace before its end, and settled before it: {took:?}"
+    );
+    let depth = jobs_core::QueueDepth::depth(&h.queue, &h.name)
+        .await
+        .expect("depth");
+    assert_eq!(
+        (depth.in_flight, depth.delayed),
+        (0, 1),
+        "the stopped job was retried, not left leased: {depth:?}"
+    );
+    tokio::task::yield_now().await;
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_handler_s_tasks_are_told_to_stop() {
+    let h = Harness::new();
+    let seen = Arc::default();
+    let mut config = WorkerConfig::default();
+    config.handler_timeout = Duration::from_secs(2);
+    let worker = heeding(&h, config, &seen);
+    h.publish(1).await;
+    // Nothing cancels this handler but its time limit.
+    assert!(matches!(
+        h.drain(&worker).await[..],
+        [Outcome::Retrying { .. }]
+    ));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// An alerting service that never answers (down, behind a firewall that drops packets).
+struct NeverAnswers;
+
+#[async_trait]
+impl jobs_core::Alerter for NeverAnswers {
+    async fn alert(&self, _: &jobs_core::Alert) -> Result<(), jobs_core::AlertError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_alerter_that_never_answers_holds_up_no_ack_and_no_receive() {
+    let h = Harness::new();
+    let alerts = jobs_consumers::CoalescingAlerter::new(
+        Arc::new(NeverAnswers),
+        Arc::new(h.clock.clone()),
+        Duration::from_secs(300),
+    );
+    let worker = h
+        .builder()
+        .handler(
+            KIND.parse().expect("valid"),
+            crate::harness::Scripted {
+                script: |_| Err(JobError::permanent("invoice 42 does not exist")),
+                calls: h.calls.clone(),
+            },
+        )
+        .alerts(alerts)
+        .build()
+        .expect("valid");
+    // More windows than the alert buffer holds: every one of them has an alert due, and the
+    // sending task is stuck on the first.
+    let windows = jobs_consumers::ALERT_BUFFER + 5;
+    for n in 0..windows {
+        h.publish(n as u64).await;
+        h.publish(1_000 + n as u64).await;
+        let outcomes = tokio::time::timeout(Duration::from_secs(60), h.drain(&worker))
+            .await
+            .expect("nothing waits for the alerter");
+        assert_eq!(outcomes.len(), 2);
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| matches!(o, Outcome::DeadLettered { .. })),
+            "{outcomes:?}"
+        );
+        h.clock.advance(Duration::from_secs(301));
+    }
+    let depth = jobs_core::QueueDepth::depth(&h.queue, &h.name)
+        .await
+        .expect("depth");
+    assert_eq!(depth.total(), 0, "every dead letter acked");
+    let all = DeadLetterFilter {
+        limit: 1_000,
+        ..Default::default()
+    };
+    let letters = h.store.list(&all).await.expect("list");
+    assert_eq!(letters.len(), 2 * windows);
+}
+
+#[tokio::test]
+async fn settings_that_cannot_work_are_refused_by_name() {
+    let h = Harness::new();
+    let build = |config: WorkerConfig, per_kind: Option<Duration>| {
+        let mut builder = h
+            .builder()
+            .handler(KIND.parse().expect("valid"), Hangs)
+            .config(config);
+        if let Some(limit) = per_kind {
+            builder = builder.timeout(KIND.parse().expect("valid"), limit);
+        }
+        builder.build().map(|_| ())
+    };
+    type Breaks = fn(&mut WorkerConfig);
+    let cases: [(&str, Breaks); 4] = [
+        ("concurrency", |c| c.concurrency = 0),
+        ("lease", |c| c.lease = Duration::from_nanos(3)),
+        ("handler_timeout", |c| c.handler_timeout = Duration::ZERO),
+        ("poll_interval", |c| c.poll_interval = Duration::ZERO),
+    ];
+    for (field, break_it) in cases {
+        let mut config = WorkerConfig::default();
+        break_it(&mut config);
+        match build(config, None) {
+            Err(e @ jobs_consumers::WorkerError::Config { .. }) => {
+                assert!(e.to_string().starts_with(field), "{field}: {e}");
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    let zero = build(WorkerConfig::default(), Some(Duration::ZERO));
+    assert!(
+        matches!(&zero, Err(e) if e.to_string().contains("timeout of `test.job`")),
+        "{zero:?}"
+    );
+    assert!(build(WorkerConfig::default(), Some(Duration::from_secs(5))).is_ok());
+}
+
+#[tokio::test]
+async fn absurd_times_are_refused_by_name_never_overflowed() {
+    let h = Harness::new();
+    let publish = jobs_core::QueuePort::publish(
+        &h.queue,
+        &h.name,
+        &h.publish_unpublished(1),
+        jobs_core::PublishOptions::default().delay(Duration::MAX),
+    )
+    .await;
+    assert!(
+        matches!(&publish, Err(e @ jobs_core::QueueError::Rejected { .. }) if e.to_string().contains("delay")),
+        "{publish:?}"
+    );
+    let receive = jobs_core::PullPort::receive(&h.queue, &h.name, 1, Duration::MAX).await;
+    assert!(
+        matches!(&receive, Err(e) if e.to_string().contains("lease")),
+        "{receive:?}"
+    );
+    assert!(matches!(
+        RetryPolicy::new(3, Duration::from_secs(1), Duration::MAX),
+        Err(jobs_consumers::PolicyError::CapTooLong { .. })
+    ));
+    let mut config = WorkerConfig::default();
+    config.lease = Duration::MAX;
+    let built = h
+        .builder()
+        .handler(KIND.parse().expect("valid"), Hangs)
+        .config(config)
+        .build();
+    assert!(
+        matches!(&built, Err(e) if e.to_string().starts_with("lease")),
+        "{built:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_delivery_of_another_queue_is_refused_unsettled() {
+    let h = Harness::new();
+    let worker = hanging(&h, WorkerConfig::default(), None);
+    let other: jobs_core::QueueName = "test.other".parse().expect("valid");
+    let envelope = h.publish_unpublished(1);
+    jobs_core::QueuePort::publish(&h.queue, &other, &envelope, Default::default())
+        .await
+        .expect("publish");
+    let delivery = jobs_core::PullPort::receive(&h.queue, &other, 1, Duration::from_secs(60))
+        .await
+        .expect("receive")
+        .pop()
+        .expect("one");
+    let Outcome::Unsettled { error } = worker.process(delivery).await else {
+        panic!("refused");
+    };
+    assert!(error.contains("`test.other`"), "{error}");
+    let depth = jobs_core::QueueDepth::depth(&h.queue, &other)
+        .await
+        .expect("depth");
+    assert_eq!(
+        depth.in_flight, 1,
+        "left leased, to come back to its own worker"
+    );
+}
+
+#[tokio::test]
+async fn a_cleanup_job_s_ttl_is_bounded_both_ways() {
+    use jobs_consumers::{CLEANUP_KIND, ProcessedCleanup};
+    let h = Harness::new();
+    let cleanup = ProcessedCleanup::new(Arc::new(h.store.clone())).clock(Arc::new(h.clock.clone()));
+    let (maintenance, cleaner) = h.cleaner(cleanup);
+    for ttl in [0, u64::MAX] {
+        let job = jobs_testkit::fixtures::envelope_with(
+            1,
+            CLEANUP_KIND,
+            serde_json::json!({ "ttl_secs": ttl }),
+        );
+        jobs_core::QueuePort::publish(&h.queue, &maintenance, &job, Default::default())
+            .await
+            .expect("publish");
+        let outcomes = cleaner.run_once().await.expect("receive");
+        match ttl {
+            0 => assert!(
+                matches!(
+                    outcomes[..],
+                    [Outcome::DeadLettered {
+                        reason: DeadReason::Permanent,
+                        ..
+                    }]
+                ),
+                "a zero TTL would purge every row: {outcomes:?}"
+            ),
+            _ => assert_eq!(outcomes, [Outcome::Processed], "a huge TTL purges nothing"),
+        }
+    }
+    let errors = last_errors(&h).await;
+    assert!(errors[0].contains("`ttl_secs`"), "{errors:?}");
+}
