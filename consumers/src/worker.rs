@@ -131,8 +131,10 @@ pub enum WorkerError {
 pub struct WorkerConfig {
     /// Deliveries handled at once.
     pub concurrency: usize,
-    /// How long a delivery stays leased before another worker may take it; extended while the
-    /// handler runs, up to its time limit.
+    /// How long a delivery stays leased before another worker may take it; extended every
+    /// third of it for as long as the delivery's work runs (waiting for a connection, the
+    /// handler within its time limit, the commit). A grouped job's row is locked by its
+    /// group's transaction instead, which no expiry can take away.
     pub lease: Duration,
     /// How long a handler may run (one minute by default; per kind,
     /// [`WorkerBuilder::timeout`]). Past it the handler is stopped, its writes are rolled
@@ -1033,77 +1035,45 @@ where
             }) => return self.dead_letter(&delivery, salvage, reason, error).await,
         };
 
-        let mut tx = match self.store.begin().await {
-            Ok(tx) => tx,
-            Err(e) => return self.store_unavailable(&delivery, &e).await,
-        };
-        match tx.claim(job_id, &self.consumer, self.clock.now()).await {
-            Ok(Claim::Claimed) => {}
-            // Settled before: processed, or dead-lettered (a replay releases the claim).
-            Ok(other) => {
-                rollback(tx).await;
-                if !matches!(other, Claim::AlreadyProcessed | Claim::DeadLettered) {
-                    // A claim this runtime does not know: not claimed, so not run here.
-                    let error = StoreError::failed(format!("unknown claim {other:?}"));
-                    return self.store_unavailable(&delivery, &error).await;
-                }
-                self.count("jobs_duplicate_skipped_total", &kind);
-                return match self.settle.ack(&delivery.lease).await {
-                    Ok(()) => Outcome::Duplicate,
-                    Err(e) => unsettled("ack of a duplicate", &e),
+        // The lease is kept for the whole work, waiting for a connection and the commit
+        // included, not only while the handler runs.
+        let worked = self
+            .with_lease(&delivery, &cancel, self.work(prepared, job_id, &kind, &cancel))
+            .await;
+        let worked = match worked {
+            Ok(worked) => worked,
+            // The lease went to another worker: nothing of this run may commit or settle.
+            Err(_) => {
+                return Outcome::Unsettled {
+                    error: "the lease was lost while the job ran; it was stopped and rolled back"
+                        .to_owned(),
                 };
             }
-            Err(e) => {
-                rollback(tx).await;
-                return self.store_unavailable(&delivery, &e).await;
-            }
-        }
-
-        let started = Instant::now();
-        let result = self
-            .run_with_lease(
-                prepared,
-                &mut tx,
-                &delivery,
-                self.time_limit(&kind),
-                &cancel,
-            )
-            .await;
-        self.timed(&kind, started);
-        let Ok(result) = result else {
-            // The lease went to another worker: nothing of this run may commit or settle.
-            rollback(tx).await;
-            return Outcome::Unsettled {
-                error: "the lease was lost while the handler ran; it was stopped and rolled back"
-                    .to_owned(),
-            };
         };
-
-        match result {
-            Ok(()) => match tx.commit().await {
-                Ok(()) => {
-                    self.store_works();
-                    self.count("jobs_processed_total", &kind);
-                    match self.settle.ack(&delivery.lease).await {
-                        Ok(()) => Outcome::Processed,
-                        // Committed: the redelivery will be skipped as a duplicate.
-                        Err(e) => unsettled("ack after commit", &e),
-                    }
+        match worked {
+            Worked::Committed => {
+                self.count("jobs_processed_total", &kind);
+                match self.settle.ack(&delivery.lease).await {
+                    Ok(()) => Outcome::Processed,
+                    // Committed: the redelivery will be skipped as a duplicate.
+                    Err(e) => unsettled("ack after commit", &e),
                 }
-                // Whether it committed is unknown; the redelivery's claim will tell.
-                Err(e) => self.store_unavailable(&delivery, &e).await,
-            },
-            Err(JobError::Defer { until }) => {
-                rollback(tx).await;
-                self.defer(&delivery, until).await
             }
-            Err(JobError::Permanent(e)) => {
-                rollback(tx).await;
+            Worked::Duplicate => {
+                self.count("jobs_duplicate_skipped_total", &kind);
+                match self.settle.ack(&delivery.lease).await {
+                    Ok(()) => Outcome::Duplicate,
+                    Err(e) => unsettled("ack of a duplicate", &e),
+                }
+            }
+            // Whether a failed commit committed is unknown; the redelivery's claim will tell.
+            Worked::StoreFailed(e) => self.store_unavailable(&delivery, &e).await,
+            Worked::Failed(JobError::Defer { until }) => self.defer(&delivery, until).await,
+            Worked::Failed(JobError::Permanent(e)) => {
                 self.dead_letter(&delivery, salvage, DeadReason::Permanent, e.to_string())
                     .await
             }
-            Err(JobError::Retry(e)) => {
-                rollback(tx).await;
+            Worked::Failed(JobError::Retry(e)) => {
                 let error = e.to_string();
                 match self.policy.after_failure(delivery.attempt) {
                     Backoff::RetryIn(delay) => {
@@ -1126,29 +1096,75 @@ where
         }
     }
 
-    /// Runs the handler within `limit` ([`run_bounded`]), extending the lease while it runs.
-    /// `Err` when an extension finds the lease lost: the handler is stopped, since nothing it
-    /// does can be settled any more.
-    async fn run_with_lease(
+    /// One delivery's work transaction, up to its commit or rollback: begin, claim, the
+    /// handler within its time limit, commit.
+    async fn work(
         &self,
         prepared: Box<dyn Prepared<S::Tx>>,
-        tx: &mut S::Tx,
-        delivery: &Delivery,
-        limit: Duration,
+        job_id: JobId,
+        kind: &Kind,
         cancel: &Canceller,
-    ) -> Result<Result<(), JobError>, QueueError> {
-        let work = run_bounded(prepared, tx, limit, cancel);
+    ) -> Worked {
+        let mut tx = match self.store.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return Worked::StoreFailed(e),
+        };
+        match tx.claim(job_id, &self.consumer, self.clock.now()).await {
+            Ok(Claim::Claimed) => {}
+            // Settled before: processed, or dead-lettered (a replay releases the claim).
+            Ok(Claim::AlreadyProcessed | Claim::DeadLettered) => {
+                rollback(tx).await;
+                return Worked::Duplicate;
+            }
+            // A claim this runtime does not know: not claimed, so not run here.
+            Ok(other) => {
+                rollback(tx).await;
+                return Worked::StoreFailed(StoreError::failed(format!("unknown claim {other:?}")));
+            }
+            Err(e) => {
+                rollback(tx).await;
+                return Worked::StoreFailed(e);
+            }
+        }
+        let started = Instant::now();
+        let result = run_bounded(prepared, &mut tx, self.time_limit(kind), cancel).await;
+        self.timed(kind, started);
+        match result {
+            Ok(()) => match tx.commit().await {
+                Ok(()) => {
+                    self.store_works();
+                    Worked::Committed
+                }
+                Err(e) => Worked::StoreFailed(e),
+            },
+            Err(error) => {
+                rollback(tx).await;
+                Worked::Failed(error)
+            }
+        }
+    }
+
+    /// Runs `work` while extending `delivery`'s lease every third of it. `Err` when an
+    /// extension finds the lease lost: `work` is dropped (its transaction rolls back) and the
+    /// job's cancellation fires, since nothing it does can be settled any more.
+    async fn with_lease<T>(
+        &self,
+        delivery: &Delivery,
+        cancel: &Canceller,
+        work: impl Future<Output = T>,
+    ) -> Result<T, QueueError> {
         let mut work = std::pin::pin!(work);
         let mut lease = delivery.lease.clone();
         let every = self.config.lease / 3;
         loop {
             tokio::select! {
-                result = &mut work => return Ok(result),
+                biased;
+                done = &mut work => return Ok(done),
                 () = tokio::time::sleep(every) => {
                     match self.settle.extend(&lease, self.config.lease).await {
                         Ok(extended) => lease = extended,
                         Err(e @ QueueError::LeaseLost { .. }) => {
-                            tracing::warn!(error = %e, "lease lost; stopping the handler");
+                            tracing::warn!(error = %e, "lease lost; stopping the job");
                             cancel.cancel();
                             return Err(e);
                         }
@@ -1404,6 +1420,18 @@ pub(crate) struct Ready<Tx: Send> {
     pub(crate) rerunnable: bool,
     /// Fires the job's [`Cancellation`](crate::Cancellation).
     pub(crate) cancel: Canceller,
+}
+
+/// What one delivery's work transaction came to, before the delivery is settled.
+enum Worked {
+    /// The handler's work committed with the claim.
+    Committed,
+    /// The job was settled before (processed, or dead-lettered): rolled back.
+    Duplicate,
+    /// The handler failed: rolled back.
+    Failed(JobError),
+    /// The store failed (to begin, claim or commit).
+    StoreFailed(StoreError),
 }
 
 /// A delivery that can only be dead-lettered, and why.

@@ -431,3 +431,52 @@ async fn a_cleanup_job_s_ttl_is_bounded_both_ways() {
     let errors = last_errors(&h).await;
     assert!(errors[0].contains("`ttl_secs`"), "{errors:?}");
 }
+
+/// The memory store, ten seconds slow to begin a transaction, like a pool with no connection
+/// free.
+struct SlowBegin(MemoryStore);
+
+#[async_trait]
+impl jobs_core::WorkStore for SlowBegin {
+    type Tx = MemoryWorkTx;
+
+    async fn begin(&self) -> Result<MemoryWorkTx, jobs_core::StoreError> {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        self.0.begin().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lease_is_kept_while_the_job_waits_for_a_connection() {
+    let h = Harness::new();
+    let mut config = WorkerConfig::default();
+    config.lease = Duration::from_secs(3);
+    let worker = Worker::builder(
+        jobs_core::ConsumerName::try_from("test.consumer").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.transport.clone()),
+        Arc::new(SlowBegin(h.store.clone())),
+        Arc::new(h.store.clone()),
+    )
+    .handler(
+        KIND.parse().expect("valid"),
+        crate::harness::Scripted {
+            script: |_| Ok(()),
+            calls: h.calls.clone(),
+        },
+    )
+    .clock(Arc::new(h.clock.clone()))
+    .config(config)
+    .build()
+    .expect("valid");
+    h.publish(1).await;
+    assert_eq!(
+        worker.run_once().await.expect("receive"),
+        [Outcome::Processed]
+    );
+    assert!(
+        h.transport.extensions() >= 3,
+        "extended every second of the ten the begin took: {}",
+        h.transport.extensions()
+    );
+}
