@@ -328,9 +328,58 @@ impl<S: WorkStore> WorkerBuilder<S> {
         self
     }
 
-    /// Replaces the tuning.
+    /// Replaces the tuning; the setters below change one setting each.
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// [`WorkerConfig::concurrency`].
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.config.concurrency = concurrency;
+        self
+    }
+
+    /// [`WorkerConfig::lease`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// [`WorkerConfig::handler_timeout`], every kind's unless [`timeout`](Self::timeout) sets
+    /// its own.
+    pub fn handler_timeout(mut self, limit: Duration) -> Self {
+        self.config.handler_timeout = limit;
+        self
+    }
+
+    /// [`WorkerConfig::poll_interval`].
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.config.poll_interval = interval;
+        self
+    }
+
+    /// [`WorkerConfig::shutdown_grace`].
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.config.shutdown_grace = grace;
+        self
+    }
+
+    /// [`WorkerConfig::group_size`].
+    pub fn group_size(mut self, size: usize) -> Self {
+        self.config.group_size = size;
+        self
+    }
+
+    /// [`WorkerConfig::group_linger`].
+    pub fn group_linger(mut self, linger: Duration) -> Self {
+        self.config.group_linger = linger;
+        self
+    }
+
+    /// [`WorkerConfig::decode_limits`].
+    pub fn decode_limits(mut self, limits: DecodeLimits) -> Self {
+        self.config.decode_limits = limits;
         self
     }
 
@@ -1038,7 +1087,11 @@ where
         // The lease is kept for the whole work, waiting for a connection and the commit
         // included, not only while the handler runs.
         let worked = self
-            .with_lease(&delivery, &cancel, self.work(prepared, job_id, &kind, &cancel))
+            .with_lease(
+                &delivery,
+                &cancel,
+                self.work(prepared, job_id, &kind, &cancel),
+            )
             .await;
         let worked = match worked {
             Ok(worked) => worked,

@@ -367,8 +367,6 @@ async fn notifications_scene(out: &mut impl Write) -> Result<()> {
         gate,
     ));
     let worker = |name: &QueueName, pull: Option<Arc<dyn PullPort>>| -> Result<_> {
-        let mut config = jobs_consumers::WorkerConfig::default();
-        config.concurrency = 8;
         let mut builder = Worker::builder(
             ConsumerName::try_from(format!("{name}.sender").as_str())?,
             name.clone(),
@@ -380,7 +378,7 @@ async fn notifications_scene(out: &mut impl Write) -> Result<()> {
             SEND_EMAIL_KIND.parse()?,
             jobs_ops::notify::email_handler(sender.clone(), limiter.clone(), Arc::new(SystemClock)),
         )
-        .config(config);
+        .concurrency(8);
         if let Some(pull) = pull {
             builder = builder.pull(pull);
         }

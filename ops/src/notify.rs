@@ -89,7 +89,7 @@ mod tests {
 
     use jobs_adapter_memory::{MemoryQueue, MemoryRateLimiter, MemoryStore};
     use jobs_adapter_resend::{ResendConfig, ResendProvider};
-    use jobs_consumers::{DeadReason, Outcome, RetryPolicy, Worker, WorkerConfig};
+    use jobs_consumers::{DeadReason, Outcome, RetryPolicy, Worker};
     use jobs_core::{
         Acquired, Bucket, Clock, ConsumerName, DeadLetterFilter, DeadLetterStore, Email, JobId,
         ManualClock, QueueDepth, QueueName, RateLimiter, TenantId,
@@ -150,11 +150,7 @@ mod tests {
             .expect("valid"),
         )
         .clock(clock.clone())
-        .config({
-            let mut config = WorkerConfig::default();
-            config.concurrency = 1;
-            config
-        })
+        .concurrency(1)
         .build()
         .expect("a worker");
         Rig {

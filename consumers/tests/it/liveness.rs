@@ -358,12 +358,10 @@ async fn absurd_times_are_refused_by_name_never_overflowed() {
         RetryPolicy::new(3, Duration::from_secs(1), Duration::MAX),
         Err(jobs_consumers::PolicyError::CapTooLong { .. })
     ));
-    let mut config = WorkerConfig::default();
-    config.lease = Duration::MAX;
     let built = h
         .builder()
         .handler(KIND.parse().expect("valid"), Hangs)
-        .config(config)
+        .lease(Duration::MAX)
         .build();
     assert!(
         matches!(&built, Err(e) if e.to_string().starts_with("lease")),
@@ -449,8 +447,6 @@ impl jobs_core::WorkStore for SlowBegin {
 #[tokio::test(start_paused = true)]
 async fn the_lease_is_kept_while_the_job_waits_for_a_connection() {
     let h = Harness::new();
-    let mut config = WorkerConfig::default();
-    config.lease = Duration::from_secs(3);
     let worker = Worker::builder(
         jobs_core::ConsumerName::try_from("test.consumer").expect("valid"),
         h.name.clone(),
@@ -466,7 +462,7 @@ async fn the_lease_is_kept_while_the_job_waits_for_a_connection() {
         },
     )
     .clock(Arc::new(h.clock.clone()))
-    .config(config)
+    .lease(Duration::from_secs(3))
     .build()
     .expect("valid");
     h.publish(1).await;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_adapter_memory::MemoryStore;
-use jobs_consumers::{DeadLetters, DeadReason, JobError, Outcome, Replayed, WorkerConfig};
+use jobs_consumers::{DeadLetters, DeadReason, JobError, Outcome, Replayed};
 use jobs_core::{
     ConsumerName, DeadLetterFilter, DeadLetterStatus, DeadLetterStore, ProcessedJobs,
     PublishOptions, QueueDepth, QueuePort, Transition,
@@ -446,8 +446,6 @@ async fn long_handlers_keep_their_lease_and_shutdown_is_graceful() {
         }
     }
     let h = Harness::new();
-    let mut config = WorkerConfig::default();
-    config.lease = Duration::from_secs(3);
     let worker = Arc::new(
         jobs_consumers::Worker::<MemoryStore>::builder(
             ConsumerName::try_from("test.consumer").expect("valid"),
@@ -458,7 +456,7 @@ async fn long_handlers_keep_their_lease_and_shutdown_is_graceful() {
         )
         .handler(KIND.parse().expect("valid"), Slow)
         .clock(Arc::new(h.clock.clone()))
-        .config(config)
+        .lease(Duration::from_secs(3))
         .build()
         .expect("valid"),
     );
@@ -599,8 +597,6 @@ async fn effect_of_a_publish_to_an_idle_worker(
         inner,
         waiting: waiting.clone(),
     };
-    let mut config = WorkerConfig::default();
-    config.poll_interval = Duration::from_secs(3600);
     let worker = Arc::new(
         jobs_consumers::Worker::<MemoryStore>::builder(
             ConsumerName::try_from("test.consumer").expect("valid"),
@@ -617,7 +613,7 @@ async fn effect_of_a_publish_to_an_idle_worker(
             },
         )
         .clock(Arc::new(h.clock.clone()))
-        .config(config)
+        .poll_interval(Duration::from_secs(3600))
         .build()
         .expect("valid"),
     );

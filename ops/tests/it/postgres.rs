@@ -6,18 +6,12 @@ use std::time::Duration;
 
 use jobs_adapter_memory::MemoryQueue;
 use jobs_adapter_postgres::PgStore;
-use jobs_consumers::{Outcome, Worker, WorkerConfig};
+use jobs_consumers::{Outcome, Worker};
 use jobs_core::{ConsumerName, ManualClock, PublishOptions, QueueName, QueuePort};
 use jobs_testkit::faults::LosesAcks;
 
 use crate::book::{self, Book};
 use crate::pg::TestDb;
-
-fn one_at_a_time() -> WorkerConfig {
-    let mut config = WorkerConfig::default();
-    config.concurrency = 1;
-    config
-}
 
 #[tokio::test]
 async fn a_business_row_is_committed_once_under_duplicates_and_a_crash_before_ack() {
@@ -45,7 +39,7 @@ async fn a_business_row_is_committed_once_under_duplicates_and_a_crash_before_ac
         Book::succeeding(),
     )
     .clock(Arc::new(clock.clone()))
-    .config(one_at_a_time())
+    .concurrency(1)
     .build()
     .expect("a valid worker");
 

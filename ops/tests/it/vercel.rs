@@ -52,8 +52,6 @@ async fn setup() -> Setup {
 }
 
 fn worker(s: &Setup, transport: Arc<dyn ConsumerPort>, book: Book) -> Worker<PgStore> {
-    let mut config = WorkerConfig::default();
-    config.concurrency = 1;
     Worker::builder(
         ConsumerName::try_from("billing.booker").unwrap(),
         s.queue.clone(),
@@ -63,7 +61,7 @@ fn worker(s: &Setup, transport: Arc<dyn ConsumerPort>, book: Book) -> Worker<PgS
     )
     .handler("billing.invoice_issued".parse().unwrap(), book)
     .clock(Arc::new(s.emulator.clock().unwrap()))
-    .config(config)
+    .concurrency(1)
     .build()
     .expect("a valid worker")
 }
