@@ -4,8 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use jobs_core::{Clock, ProcessedJobs, StoreError, SystemClock};
-use serde::Deserialize;
+use jobs_core::{
+    Clock, Envelope, ProcessedJobs, PublishOptions, QueuePort, StoreError, SystemClock,
+    WorkTransaction,
+};
+use serde::{Deserialize, Serialize};
 
 use crate::handler::{Handler, Job, JobError};
 
@@ -24,7 +27,7 @@ pub const MIN_JOB_TTL: Duration = Duration::from_secs(8 * 24 * 60 * 60);
 
 /// The cleanup job's data: an optional TTL overriding the handler's, at least
 /// [`MIN_JOB_TTL`].
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CleanupRequest {
     /// Keep rows processed within this many seconds.
@@ -34,12 +37,20 @@ pub struct CleanupRequest {
 
 /// Deletes `processed_jobs` rows older than a TTL, in bounded batches so no statement holds
 /// locks for long.
+///
+/// As a job's handler it purges in the job's own work transaction (a store with one writer
+/// at a time, such as SQLite, could not purge beside it), one batch per job when it is given
+/// a queue for follow-ups ([`ProcessedCleanup::follow_ups`]): when the batch was full, it
+/// publishes the same request again, so that no transaction outgrows a batch. Without one, it
+/// purges batch after batch in the one transaction. [`ProcessedCleanup::purge`] is the same
+/// cleanup through the store, for operators.
 #[derive(Clone)]
 pub struct ProcessedCleanup {
     store: Arc<dyn ProcessedJobs>,
     clock: Arc<dyn Clock>,
     ttl: Duration,
     batch: u32,
+    follow_ups: Option<Arc<dyn QueuePort>>,
 }
 
 impl std::fmt::Debug for ProcessedCleanup {
@@ -59,7 +70,15 @@ impl ProcessedCleanup {
             clock: Arc::new(SystemClock),
             ttl: DEFAULT_PROCESSED_TTL,
             batch: 1_000,
+            follow_ups: None,
         }
+    }
+
+    /// Publishes the rest of a cleanup that filled its batch as a new job through `queue`, on
+    /// the job's own queue.
+    pub fn follow_ups(mut self, queue: Arc<dyn QueuePort>) -> Self {
+        self.follow_ups = Some(queue);
+        self
     }
 
     /// Keeps rows for `ttl`.
@@ -98,10 +117,10 @@ impl ProcessedCleanup {
 }
 
 #[async_trait]
-impl<Tx: Send + 'static> Handler<Tx> for ProcessedCleanup {
+impl<Tx: WorkTransaction> Handler<Tx> for ProcessedCleanup {
     type Data = CleanupRequest;
 
-    async fn handle(&self, job: Job<CleanupRequest>, _: &mut Tx) -> Result<(), JobError> {
+    async fn handle(&self, job: Job<CleanupRequest>, tx: &mut Tx) -> Result<(), JobError> {
         let ttl = job.envelope.data.ttl_secs.map(Duration::from_secs);
         if let Some(ttl) = ttl.filter(|ttl| *ttl < MIN_JOB_TTL) {
             return Err(JobError::permanent(format!(
@@ -111,10 +130,40 @@ impl<Tx: Send + 'static> Handler<Tx> for ProcessedCleanup {
                 MIN_JOB_TTL.as_secs()
             )));
         }
-        let deleted = self
-            .purge(ttl)
-            .await
-            .map_err(|e| JobError::classed(e.class(), e))?;
+        // A TTL reaching back before the clock's epoch deletes nothing.
+        let Some(cutoff) = self.clock.now().checked_sub(ttl.unwrap_or(self.ttl)) else {
+            return Ok(());
+        };
+        let mut deleted = 0;
+        loop {
+            let batch = tx
+                .purge_processed(cutoff, self.batch)
+                .await
+                .map_err(|e| JobError::classed(e.class(), e))?;
+            deleted += batch;
+            if batch < u64::from(self.batch) {
+                break;
+            }
+            if let Some(queue) = &self.follow_ups {
+                let request =
+                    serde_json::to_value(&job.envelope.data).map_err(JobError::permanent)?;
+                let next = Envelope::new(
+                    job.envelope.tenant_id,
+                    job.envelope.correlation_id,
+                    job.envelope.kind.clone(),
+                    request,
+                );
+                queue
+                    .publish(&job.queue, &next, PublishOptions::default())
+                    .await
+                    .map_err(|e| JobError::classed(e.class(), e))?;
+                tracing::info!(
+                    deleted,
+                    "purged a batch of processed_jobs; the rest follows"
+                );
+                return Ok(());
+            }
+        }
         tracing::info!(deleted, "purged processed_jobs rows past their TTL");
         Ok(())
     }

@@ -57,6 +57,22 @@ pub trait WorkTransaction: Send + 'static {
     /// releases the claim. Deduplicated like [`DeadLetterStore::record`].
     async fn record_dead_letter(&mut self, letter: NewDeadLetter) -> Result<Recorded, StoreError>;
 
+    /// Deletes at most `batch` `processed_jobs` rows older than `older_than` in this
+    /// transaction (the TTL cleanup as a job: on a store with one writer at a time, such as
+    /// SQLite, a purge through the store would wait for this transaction's own lock). Returns
+    /// how many; they are gone if and only if the transaction commits. The default refuses:
+    /// a store that does not override it cleans through [`ProcessedJobs`] only.
+    async fn purge_processed(
+        &mut self,
+        older_than: SystemTime,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let _ = (older_than, batch);
+        Err(StoreError::failed(
+            "this store cannot purge processed_jobs inside a work transaction",
+        ))
+    }
+
     /// Makes the claim and every write of the handler durable.
     async fn commit(self) -> Result<(), StoreError>
     where

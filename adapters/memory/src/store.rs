@@ -100,6 +100,8 @@ pub struct MemoryWorkTx {
     claims: Vec<(ClaimKey, SystemTime)>,
     effects: Vec<String>,
     dead_letters: Vec<(DeadLetterId, NewDeadLetter)>,
+    /// Processed rows this transaction deletes when it commits.
+    purged: Vec<ClaimKey>,
     open: bool,
 }
 
@@ -125,6 +127,9 @@ impl MemoryWorkTx {
             state.effects.append(&mut self.effects);
             for (id, letter) in self.dead_letters.drain(..) {
                 state.insert(id, letter);
+            }
+            for key in self.purged.drain(..) {
+                state.processed.remove(&key);
             }
         }
         drop(state);
@@ -185,6 +190,25 @@ impl WorkTransaction for MemoryWorkTx {
         Ok(Recorded::New(id))
     }
 
+    async fn purge_processed(
+        &mut self,
+        older_than: SystemTime,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let state = self.store.lock();
+        let doomed: Vec<ClaimKey> = state
+            .processed
+            .iter()
+            .filter(|(key, at)| **at < older_than && !self.purged.contains(key))
+            .map(|(key, _)| key.clone())
+            .take(usize::try_from(batch).unwrap_or(usize::MAX))
+            .collect();
+        drop(state);
+        let n = doomed.len() as u64;
+        self.purged.extend(doomed);
+        Ok(n)
+    }
+
     async fn commit(mut self) -> Result<(), StoreError> {
         self.release(true);
         Ok(())
@@ -206,6 +230,7 @@ impl WorkStore for MemoryStore {
             claims: vec![],
             effects: vec![],
             dead_letters: vec![],
+            purged: vec![],
             open: true,
         })
     }

@@ -171,6 +171,10 @@ impl WorkStore for PgStore {
     }
 }
 
+/// One bounded batch of the TTL cleanup: `$1` the cutoff, `$2` the batch.
+pub(crate) const PURGE_PROCESSED: &str = "delete from core.processed_jobs where ctid = any(array( \
+    select ctid from core.processed_jobs where processed_at < $1 limit $2))";
+
 #[async_trait]
 impl ProcessedJobs for PgStore {
     async fn is_processed(
@@ -191,15 +195,12 @@ impl ProcessedJobs for PgStore {
     /// One bounded `DELETE` by physical row id (`ctid`), so no call holds locks on more than
     /// `batch` rows.
     async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "delete from core.processed_jobs where ctid = any(array( \
-                select ctid from core.processed_jobs where processed_at < $1 limit $2))",
-        )
-        .bind(convert::to_timestamp(older_than)?)
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| store_error("purge core.processed_jobs", e))?;
+        let done = sqlx::query(PURGE_PROCESSED)
+            .bind(convert::to_timestamp(older_than)?)
+            .bind(i64::from(batch))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| store_error("purge core.processed_jobs", e))?;
         Ok(done.rows_affected())
     }
 }

@@ -190,6 +190,21 @@ impl WorkTransaction for PgWorkTx {
         crate::dead_letters::record_on(self.own(), &letter).await
     }
 
+    /// The store's batch delete, in this transaction.
+    async fn purge_processed(
+        &mut self,
+        older_than: SystemTime,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(crate::PURGE_PROCESSED)
+            .bind(to_timestamp(older_than)?)
+            .bind(i64::from(batch))
+            .execute(self.own())
+            .await
+            .map_err(|e| store_error("purge core.processed_jobs", e))?;
+        Ok(done.rows_affected())
+    }
+
     async fn commit(self) -> Result<(), StoreError> {
         self.tx
             .commit()

@@ -142,6 +142,10 @@ impl WorkStore for SqliteStore {
     }
 }
 
+/// One bounded batch of the TTL cleanup: `?1` the cutoff in milliseconds, `?2` the batch.
+pub(crate) const PURGE_PROCESSED: &str = "delete from processed_jobs where rowid in ( \
+    select rowid from processed_jobs where processed_at < ?1 limit ?2)";
+
 #[async_trait]
 impl ProcessedJobs for SqliteStore {
     async fn is_processed(
@@ -161,15 +165,12 @@ impl ProcessedJobs for SqliteStore {
 
     /// One bounded `DELETE` by rowid; rows are compared at millisecond precision.
     async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "delete from processed_jobs where rowid in ( \
-                select rowid from processed_jobs where processed_at < ?1 limit ?2)",
-        )
-        .bind(to_millis(older_than)?)
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| store_error("purge processed_jobs", e))?;
+        let done = sqlx::query(PURGE_PROCESSED)
+            .bind(to_millis(older_than)?)
+            .bind(i64::from(batch))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| store_error("purge processed_jobs", e))?;
         Ok(done.rows_affected())
     }
 }

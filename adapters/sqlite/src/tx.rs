@@ -116,6 +116,22 @@ impl WorkTransaction for SqliteWorkTx {
         crate::dead_letters::record_on(&mut self.tx, &letter).await
     }
 
+    /// The store's batch delete, on this transaction's connection (which holds the write
+    /// lock).
+    async fn purge_processed(
+        &mut self,
+        older_than: SystemTime,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(crate::PURGE_PROCESSED)
+            .bind(to_millis(older_than)?)
+            .bind(i64::from(batch))
+            .execute(&mut *self.tx)
+            .await
+            .map_err(|e| store_error("purge processed_jobs", e))?;
+        Ok(done.rows_affected())
+    }
+
     async fn commit(self) -> Result<(), StoreError> {
         self.tx
             .commit()

@@ -3,6 +3,7 @@
 
 mod book;
 mod bulk;
+mod cleanup;
 mod cli;
 mod config;
 mod crash;
