@@ -1,9 +1,10 @@
 //! One HTTP exchange with Vercel Queues: the token, the retries, and what a status means.
 
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use jobs_core::{QueueError, QueueName};
+use jobs_core::{Clock, QueueError, QueueName};
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 use tokio::sync::Mutex;
@@ -89,10 +90,15 @@ pub(crate) struct Http {
     client: reqwest::Client,
     pub(crate) config: VercelQueuesConfig,
     token: Mutex<Option<AccessToken>>,
+    /// The adapter's clock, for the token's expiry.
+    clock: Arc<dyn Clock>,
 }
 
 impl Http {
-    pub(crate) fn new(config: VercelQueuesConfig) -> Result<Http, crate::ConfigError> {
+    pub(crate) fn new(
+        config: VercelQueuesConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Http, crate::ConfigError> {
         let client = reqwest::Client::builder()
             .timeout(config.timeout)
             .user_agent(concat!("softcrum-jobs/", env!("CARGO_PKG_VERSION")))
@@ -102,6 +108,7 @@ impl Http {
             client,
             config,
             token: Mutex::new(None),
+            clock,
         })
     }
 
@@ -119,10 +126,11 @@ impl Http {
 
     async fn bearer(&self) -> Result<HeaderValue, String> {
         let mut cached = self.token.lock().await;
+        let soon = self.clock.now().checked_add(TOKEN_MARGIN);
         let fresh = cached.as_ref().is_some_and(|token| {
             token
                 .expires_at()
-                .is_none_or(|at| at > SystemTime::now() + TOKEN_MARGIN)
+                .is_none_or(|at| soon.is_some_and(|soon| at > soon))
         });
         if !fresh {
             *cached = Some(

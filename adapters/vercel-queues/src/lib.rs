@@ -111,7 +111,7 @@ impl VercelQueues {
         clock: Arc<dyn Clock>,
     ) -> Result<VercelQueues, ConfigError> {
         Ok(VercelQueues {
-            http: Arc::new(Http::new(config)?),
+            http: Arc::new(Http::new(config, clock.clone())?),
             clock,
             in_flight: Arc::default(),
         })

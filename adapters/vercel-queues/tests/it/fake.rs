@@ -268,6 +268,53 @@ async fn tokens_are_refreshed_when_they_expire_and_after_a_401() {
     );
 }
 
+/// Tokens valid for an hour of the system's time, counted.
+struct Hourly {
+    secret: String,
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl TokenSource for Hourly {
+    async fn token(&self) -> Result<AccessToken, TokenError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(AccessToken::new(
+            self.secret.clone(),
+            Some(SystemTime::now() + Duration::from_secs(3_600)),
+        ))
+    }
+}
+
+#[tokio::test]
+async fn the_token_cache_reads_the_adapter_s_clock() {
+    let fake = FakeVercelQueues::start().await;
+    let tokens = Arc::new(Hourly {
+        secret: fake.token().to_owned(),
+        calls: AtomicUsize::new(0),
+    });
+    struct Shared(Arc<Hourly>);
+    #[async_trait]
+    impl TokenSource for Shared {
+        async fn token(&self) -> Result<AccessToken, TokenError> {
+            self.0.token().await
+        }
+    }
+    let clock = jobs_core::ManualClock::default();
+    clock.set(SystemTime::now());
+    let vercel = VercelQueues::with_clock(
+        config(&fake, Shared(tokens.clone())),
+        Arc::new(clock.clone()),
+    )
+    .unwrap();
+    publish_one(&vercel, 1).await.unwrap();
+    publish_one(&vercel, 2).await.unwrap();
+    assert_eq!(tokens.calls.load(Ordering::SeqCst), 1, "cached");
+    // Two hours later by the adapter's clock: the token has expired, whatever the system says.
+    clock.advance(Duration::from_secs(7_200));
+    publish_one(&vercel, 3).await.unwrap();
+    assert_eq!(tokens.calls.load(Ordering::SeqCst), 2, "fetched again");
+}
+
 /// A callback route as an application would mount it: the runtime's work is an ack here.
 async fn callback(
     State(vercel): State<VercelQueues>,
