@@ -342,6 +342,16 @@ impl Receiver {
         self
     }
 
+    /// The destination's last attempt, when the republisher's configuration says.
+    fn last_attempt(&self) -> Option<u32> {
+        let destination = self
+            .republisher
+            .as_ref()?
+            .config()
+            .destination(&self.queue)?;
+        Some(destination.retry().max_attempts())
+    }
+
     /// Verifies the request and turns it into a leased [`Delivery`], or the answer refusing it
     /// (401 for a bad signature, 400 for malformed delivery headers). The body is not parsed.
     fn accept(&self, request: &PushRequest) -> Result<Delivery, Box<PushResponse>> {
@@ -373,7 +383,13 @@ impl Receiver {
         let spent = number(&request.attempts_spent, "Jobs-Attempts-Spent")?;
         let message_id = request.message_id.clone().unwrap_or_default();
         let lease = self.consumer.open(&self.queue, &message_id, self.lease);
-        let attempt = spent.saturating_add(retried).saturating_add(1);
+        let mut attempt = spent.saturating_add(retried).saturating_add(1);
+        // Neither count is covered by the signature, so a signed request replayed with a
+        // forged one must not take a job past its last attempt: it is at most the last, its
+        // handler still runs, and only its failure dead-letters it.
+        if let Some(last) = self.last_attempt() {
+            attempt = attempt.min(last);
+        }
         Ok(Delivery::new(
             request.body.clone(),
             attempt,
@@ -485,4 +501,62 @@ fn unauthorised(e: &SignatureError) -> PushResponse {
 fn seconds_until(now: SystemTime, at: SystemTime) -> String {
     let d = at.duration_since(now).unwrap_or_default();
     (d.as_secs() + u64::from(d.subsec_nanos() > 0)).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signature::{body_hash, sign_for_tests};
+    use crate::{Destination, QStashConfig};
+    use jobs_core::ManualClock;
+    use std::time::UNIX_EPOCH;
+
+    const CURRENT: &str = "sig_7kYjw48mhY7kAjqNGcy6cr29RJ6r";
+    const NEXT: &str = "sig_5ZB6DVzB1wjE8S6rZ7eenA8Pdnhs";
+    const URL: &str = "https://example.com/qstash/jobs";
+
+    /// A request QStash signed, replayed with `Upstash-Retried` forged to `retried`.
+    fn replayed(retried: &str) -> PushRequest {
+        let body = b"{}".to_vec();
+        let jwt = sign_for_tests(
+            CURRENT,
+            &serde_json::json!({
+                "iss": "Upstash", "sub": URL, "exp": 1_000_300u64, "nbf": 1_000_000u64,
+                "iat": 1_000_000u64, "jti": "jwt_x", "body": body_hash(&body),
+            }),
+        );
+        PushRequest::new(body)
+            .signature(jwt)
+            .retried(retried)
+            .message_id("msg_1")
+    }
+
+    #[tokio::test]
+    async fn a_forged_attempt_count_stops_at_the_destination_s_last_attempt() {
+        let queue: QueueName = "jobs.push".parse().expect("valid");
+        let clock = ManualClock::default();
+        clock.set(UNIX_EPOCH + Duration::from_secs(1_000_100));
+        let publisher = QStashQueue::new(
+            QStashConfig::new("token").with_destination(queue.clone(), Destination::new(URL)),
+        )
+        .expect("valid");
+        let last = publisher
+            .config()
+            .destination(&queue)
+            .expect("configured")
+            .retry()
+            .max_attempts();
+        let receiver = Receiver::new(
+            queue,
+            URL,
+            SigningKeys::new(CURRENT, NEXT),
+            Arc::new(PushConsumer::new(Arc::new(clock.clone()))),
+        )
+        .with_clock(Arc::new(clock.clone()))
+        .with_republisher(publisher);
+        for (retried, attempt) in [("0", 1), ("2", 3), ("999", last)] {
+            let delivery = receiver.accept(&replayed(retried)).expect("verified");
+            assert_eq!(delivery.attempt, attempt, "Upstash-Retried: {retried}");
+        }
+    }
 }
