@@ -552,7 +552,7 @@ mod tests {
             SigningKeys::new(CURRENT, NEXT),
             Arc::new(PushConsumer::new(Arc::new(clock.clone()))),
         )
-        .with_clock(Arc::new(clock.clone()))
+        .with_clock(Arc::new(clock))
         .with_republisher(publisher);
         for (retried, attempt) in [("0", 1), ("2", 3), ("999", last)] {
             let delivery = receiver.accept(&replayed(retried)).expect("verified");
