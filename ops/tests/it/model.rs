@@ -1,12 +1,15 @@
-//! The model-based property tests of `jobs_testkit::model` on the PostgreSQL store (with the
-//! memory queue as transport), at a smaller case count than on the memory store.
+//! The model-based property tests of `jobs_testkit::model` on the PostgreSQL store and on the
+//! SQLite store (the embedded default: one file per case, one writer at a time), with the
+//! memory queue as transport, at smaller case counts than on the memory store.
 
 use std::sync::Arc;
 
 use jobs_adapter_memory::MemoryQueue;
 use jobs_adapter_postgres::{PgStore, PgWorkTx, sqlx};
+use jobs_adapter_sqlite::{SqliteStore, SqliteWorkTx};
 use jobs_core::{ManualClock, PublishOptions, StoreError};
 use jobs_testkit::model::{self, Backend, BoxFuture, Transport};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::pg::TestDb;
 
@@ -90,4 +93,87 @@ fn the_runtime_keeps_every_invariant_on_postgres() {
     model::check_invariants(model::cases(24), setup);
     let db = Arc::into_inner(db).expect("the cases are done");
     runtime.block_on(db.drop_db());
+}
+
+fn write_sqlite_effect(
+    tx: &mut SqliteWorkTx,
+    key: String,
+) -> BoxFuture<'_, Result<(), StoreError>> {
+    Box::pin(async move {
+        jobs_adapter_sqlite::sqlx::query("insert into effects (key) values (?1)")
+            .bind(key)
+            .execute(tx.conn())
+            .await
+            .map(|_| ())
+            .map_err(|e| StoreError::failed(e.to_string()))
+    })
+}
+
+/// A fresh migrated store in a file of its own, with an `effects` table.
+async fn sqlite() -> (Backend<SqliteStore>, Transport) {
+    static CASE: AtomicU32 = AtomicU32::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "jobs-sqlite-model-{}-{}.db",
+        std::process::id(),
+        CASE.fetch_add(1, Ordering::Relaxed)
+    ));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    // The pool `SqliteStore::open` makes, but for `synchronous = NORMAL` (a case needs no
+    // durability against power loss) and a busy timeout of 100 ms instead of 5 s: the
+    // worker's concurrent deliveries wait on each other's write lock, and at 5 s eight cases
+    // took 100 s, at 100 ms one (a lock given up is a store failure: the job is deferred).
+    let options = jobs_adapter_sqlite::sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(jobs_adapter_sqlite::sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_millis(100))
+        .synchronous(jobs_adapter_sqlite::sqlx::sqlite::SqliteSynchronous::Normal)
+        .foreign_keys(true);
+    let pool = jobs_adapter_sqlite::sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(jobs_adapter_sqlite::MAX_CONNECTIONS)
+        .connect_with(options)
+        .await
+        .expect("open");
+    let store = SqliteStore::from_pool(pool);
+    store.migrate().await.expect("migrate");
+    jobs_adapter_sqlite::sqlx::query("create table effects (key text not null)")
+        .execute(store.pool())
+        .await
+        .expect("create effects");
+    let clock = ManualClock::default();
+    let queue = MemoryQueue::new(Arc::new(clock.clone()));
+    let pool = store.pool().clone();
+    let inject = queue.clone();
+    (
+        Backend {
+            store,
+            write_effect: write_sqlite_effect,
+            effects: Arc::new(move || {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    jobs_adapter_sqlite::sqlx::query_scalar::<_, String>("select key from effects")
+                        .fetch_all(&pool)
+                        .await
+                        .expect("read effects")
+                })
+            }),
+        },
+        Transport {
+            publisher: Arc::new(queue.clone()),
+            consumer: Arc::new(queue.clone()),
+            depth: Arc::new(queue),
+            inject: Arc::new(move |name, bytes| {
+                inject.publish_bytes(name, bytes, &PublishOptions::default());
+            }),
+            clock,
+        },
+    )
+}
+
+/// A small case count by default: each case is a database file (`PROPTEST_CASES` raises it).
+#[test]
+fn the_runtime_keeps_every_invariant_on_the_sqlite_store() {
+    model::check_invariants(model::cases(8), sqlite);
 }
