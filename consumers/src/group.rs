@@ -29,7 +29,7 @@ use tracing::Instrument;
 
 use crate::handler::{Canceller, JobError, Prepared};
 use crate::retry::Backoff;
-use crate::worker::{DeadReason, Outcome, Ready, Reject, Salvage, Worker, run_bounded};
+use crate::worker::{DeadReason, Outcome, Ready, Salvage, Worker, run_bounded};
 
 /// The grouped mode of a worker, with the queue's type erased: built by
 /// [`WorkerBuilder::grouped`](crate::WorkerBuilder::grouped) where the bounds are known.
@@ -175,15 +175,8 @@ where
                     decided: None,
                     lost: false,
                 }),
-                Err(Reject {
-                    salvage,
-                    reason,
-                    error,
-                }) => {
-                    let outcome = self
-                        .dead_letter(&delivery, salvage, reason, error)
-                        .instrument(span)
-                        .await;
+                Err(reject) => {
+                    let outcome = self.rejected(&delivery, reject).instrument(span).await;
                     outcomes[index] = Some(outcome);
                 }
             }

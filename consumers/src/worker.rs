@@ -62,10 +62,16 @@ pub enum Outcome {
 
 /// Why a job was dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeadReason {
-    /// The payload is not a valid envelope, its data does not fit the handler, or no handler
-    /// knows its kind. Never retried.
+    /// The payload is not a valid envelope, or its data does not fit the handler (or no
+    /// handler knows its kind, with [`WorkerBuilder::unknown_kinds_are_poison`]). Never
+    /// retried.
     Poison,
+    /// No handler of the worker knows the job's kind, after every attempt the policy allows
+    /// (ADR 0012: in a rolling deploy producers ship a kind before every worker has its
+    /// handler).
+    UnknownKind,
     /// The handler said retrying cannot help.
     Permanent,
     /// Every attempt the policy allows failed.
@@ -76,6 +82,7 @@ impl DeadReason {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             DeadReason::Poison => "poison",
+            DeadReason::UnknownKind => "unknown_kind",
             DeadReason::Permanent => "permanent",
             DeadReason::Exhausted => "exhausted",
         }
@@ -288,6 +295,7 @@ pub struct WorkerBuilder<S: WorkStore> {
     alerts: Option<CoalescingAlerter>,
     config: WorkerConfig,
     groups: Option<Arc<dyn Groups<S>>>,
+    unknown_is_poison: bool,
 }
 
 impl<S: WorkStore> WorkerBuilder<S> {
@@ -383,6 +391,15 @@ impl<S: WorkStore> WorkerBuilder<S> {
         self
     }
 
+    /// Dead-letters a job whose kind no handler of this worker knows at once, as poison,
+    /// instead of retrying it with the queue's backoff (the default, so that in a rolling
+    /// deploy a kind published before every worker has its handler waits for it): for a
+    /// worker that is the only consumer of its queue and knows every kind there can be.
+    pub fn unknown_kinds_are_poison(mut self) -> Self {
+        self.unknown_is_poison = true;
+        self
+    }
+
     /// Fetches through `pull`, a layer over the pull side of the worker's transport that
     /// decides what to hand out (a priority gate), while deliveries are still settled through
     /// the transport itself. Its deliveries must be the transport's: the layer passes them on.
@@ -475,6 +492,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             alerts: self.alerts,
             config: self.config,
             groups: self.groups,
+            unknown_is_poison: self.unknown_is_poison,
             shutting_down: tokio::sync::watch::Sender::new(false),
             store_failures: std::sync::atomic::AtomicU32::new(0),
         })
@@ -504,6 +522,8 @@ pub struct Worker<S: WorkStore> {
     alerts: Option<CoalescingAlerter>,
     config: WorkerConfig,
     groups: Option<Arc<dyn Groups<S>>>,
+    /// [`WorkerBuilder::unknown_kinds_are_poison`].
+    unknown_is_poison: bool,
     /// Fires every in-flight job's cancellation shortly before a shutdown abandons them.
     shutting_down: tokio::sync::watch::Sender<bool>,
     /// Store failures in a row, for the backoff of [`Worker::store_unavailable`].
@@ -607,6 +627,7 @@ where
             alerts: None,
             config: WorkerConfig::default(),
             groups: None,
+            unknown_is_poison: false,
         }
     }
 
@@ -1046,7 +1067,12 @@ where
                 "`kind`: no handler registered for `{kind}` in consumer `{}`",
                 self.consumer
             );
-            return Err(reject(DeadReason::Poison, error));
+            let reason = if self.unknown_is_poison {
+                DeadReason::Poison
+            } else {
+                DeadReason::UnknownKind
+            };
+            return Err(reject(reason, error));
         };
         let job_id = envelope.job_id;
         let (cancel, cancellation) = Canceller::new(&self.shutting_down);
@@ -1077,11 +1103,7 @@ where
             ..
         } = match self.triage(&delivery, span) {
             Ok(ready) => ready,
-            Err(Reject {
-                salvage,
-                reason,
-                error,
-            }) => return self.dead_letter(&delivery, salvage, reason, error).await,
+            Err(reject) => return self.rejected(&delivery, reject).await,
         };
 
         // The lease is kept for the whole work, waiting for a connection and the commit
@@ -1145,6 +1167,39 @@ where
                             .await
                     }
                 }
+            }
+        }
+    }
+
+    /// What becomes of a delivery no handler runs: a job of a kind no handler knows is retried
+    /// with the policy's backoff (spending attempts) and dead-lettered once they are spent, so
+    /// that a rolling deploy's new kinds wait for their handlers; anything else is
+    /// dead-lettered at once.
+    pub(crate) async fn rejected(&self, delivery: &Delivery, reject: Reject) -> Outcome {
+        let Reject {
+            salvage,
+            reason,
+            error,
+        } = reject;
+        if reason != DeadReason::UnknownKind {
+            return self.dead_letter(delivery, salvage, reason, error).await;
+        }
+        match self.policy.after_failure(delivery.attempt) {
+            Backoff::RetryIn(delay) => {
+                let at = self.clock.now() + delay;
+                tracing::warn!(error = %error, retry_in = ?delay, "no handler for the job's kind yet; will retry");
+                match self.settle.retry_at(&delivery.lease, at).await {
+                    Ok(()) => {
+                        metrics::counter!("jobs_unknown_kind_retried_total", "queue" => self.queue.to_string())
+                            .increment(1);
+                        Outcome::Retrying { at }
+                    }
+                    Err(e) => unsettled("retry", &e),
+                }
+            }
+            Backoff::Exhausted => {
+                self.dead_letter(delivery, salvage, DeadReason::UnknownKind, error)
+                    .await
             }
         }
     }

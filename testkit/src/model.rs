@@ -12,7 +12,10 @@
 //! 3. no attempt exceeds the policy's maximum, and every retry delay lies in `[d/2, d]` with
 //!    `d = min(cap, base·2^(n-1))` for the true attempt `n`;
 //! 4. poison is never retried and lands in the dead letters with its bytes intact;
-//! 5. a dead letter carries attempts, last_error, queue and correlation_id.
+//! 5. a dead letter carries attempts, last_error, queue and correlation_id;
+//! 6. a valid job of a kind no handler knows is never run and never dead-lettered before
+//!    the policy's attempts: it is retried with the backoff (invariant 3's bounds) and then
+//!    lands in the dead letters with its bytes intact (ADR 0012).
 //!
 //! The suite must have teeth: [`check_mutants_are_caught`] wraps the ports so that one rule at
 //! a time is broken (no claim, ack on receive, poison retried, attempts counted from zero, a
@@ -622,6 +625,8 @@ struct System<S: WorkStore> {
     policy: RetryPolicy,
     jobs: Vec<ModelJob>,
     poison: Vec<Vec<u8>>,
+    /// Valid jobs of a kind no handler knows, as published (replays included).
+    unknown: Vec<Vec<u8>>,
 }
 
 impl<S> System<S>
@@ -691,6 +696,7 @@ where
             policy: RetryPolicy::default(),
             jobs: vec![],
             poison: vec![],
+            unknown: vec![],
         }
     }
 
@@ -734,8 +740,13 @@ where
                         serde_json::to_vec(&v).expect("serialises")
                     }
                     Poison::UnknownKind => {
-                        serde_json::to_vec(&envelope("model.unknown", json!({"n": 0})))
-                            .expect("serialises")
+                        // Not poison: a rolling deploy's kind, retried until its attempts run
+                        // out (invariant 6).
+                        let bytes = serde_json::to_vec(&envelope("model.unknown", json!({"n": 0})))
+                            .expect("serialises");
+                        (self.queue.inject)(&self.name, bytes.clone());
+                        self.unknown.push(bytes);
+                        return;
                     }
                     Poison::BadData => {
                         serde_json::to_vec(&envelope(KIND, json!({"n": "x"}))).expect("serialises")
@@ -782,6 +793,9 @@ where
                     if self.poison.contains(&letter.letter.payload) {
                         // Replayed poison is published again, and lands again.
                         self.poison.push(letter.letter.payload.clone());
+                    }
+                    if self.unknown.contains(&letter.letter.payload) {
+                        self.unknown.push(letter.letter.payload.clone());
                     }
                     if let Some(job) = self
                         .jobs
@@ -943,6 +957,25 @@ where
             if landed != published {
                 return Err(format!(
                     "invariant 4: poison {bytes:?} published {published} times, {landed} dead letters hold it intact"
+                ));
+            }
+        }
+        for bytes in &self.unknown {
+            let published = self.unknown.iter().filter(|b| *b == bytes).count();
+            let landed: Vec<_> = letters
+                .iter()
+                .filter(|l| l.letter.payload == *bytes)
+                .collect();
+            if landed.len() != published {
+                return Err(format!(
+                    "invariant 6: a job of an unknown kind published {published} times, {} dead letters hold it intact",
+                    landed.len()
+                ));
+            }
+            if let Some(early) = landed.iter().find(|l| l.letter.attempts < MAX_ATTEMPTS) {
+                return Err(format!(
+                    "invariant 6: a job of an unknown kind was dead-lettered after {} attempts, before the policy's {MAX_ATTEMPTS}",
+                    early.letter.attempts
                 ));
             }
         }
