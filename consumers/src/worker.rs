@@ -854,14 +854,22 @@ where
                 }
             }
         }
-        // What a fetch under way leases is given back with the rest.
+        // What a fetch under way leases is given back with the rest; a fetch that does not
+        // answer within the grace is left (its leases expire).
         if let Some(fetching) = fetching
-            && let Ok(batch) = fetching.await
+            && let Ok(Ok(batch)) = tokio::time::timeout(self.config.shutdown_grace, fetching).await
         {
             buffer.extend(batch);
         }
         buffer.extend(suspect);
-        self.release(buffer).await;
+        // A transport that does not answer keeps the rest; their leases expire.
+        let grace = self.config.shutdown_grace;
+        if tokio::time::timeout(grace, self.release(buffer))
+            .await
+            .is_err()
+        {
+            tracing::warn!(queue = %self.queue, "could not give back every fetched job within the grace");
+        }
         self.drain(in_flight).await;
     }
 
