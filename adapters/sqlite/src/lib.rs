@@ -46,6 +46,7 @@ pub use sqlx;
 pub use tx::SqliteWorkTx;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -70,6 +71,11 @@ pub const MAX_CONNECTIONS: u32 = 4;
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// One work transaction at a time in this process, taken before a connection: a
+    /// transaction waiting for SQLite's write lock would otherwise hold a pool connection
+    /// while it waits, and a handler that reads through the pool while holding the lock could
+    /// find every connection held by such waiters until their busy timeouts ran out.
+    writer: Arc<tokio::sync::Semaphore>,
 }
 
 impl SqliteStore {
@@ -94,14 +100,17 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(|e| store_error(&format!("open SQLite database {}", path.display()), e))?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore::from_pool(pool))
     }
 
     /// A store over an existing pool, e.g. the application's own, so handlers' tables and the
     /// store's live in one file and commit in one transaction. The pool needs at least two
     /// connections (reads while a work transaction is open), and a busy timeout.
     pub fn from_pool(pool: SqlitePool) -> Self {
-        SqliteStore { pool }
+        SqliteStore {
+            pool,
+            writer: Arc::new(tokio::sync::Semaphore::new(1)),
+        }
     }
 
     /// The pool, for the application's own queries outside work transactions.
@@ -133,12 +142,18 @@ impl WorkStore for SqliteStore {
     /// `BEGIN IMMEDIATE`: waits for the write lock (up to the busy timeout) while another work
     /// transaction is open, so claims never race.
     async fn begin(&self) -> Result<SqliteWorkTx, StoreError> {
+        let writer = self
+            .writer
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::failed("the store is closed"))?;
         let tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| store_error("begin a work transaction", e))?;
-        Ok(SqliteWorkTx::new(tx))
+        Ok(SqliteWorkTx::new(tx, writer))
     }
 }
 

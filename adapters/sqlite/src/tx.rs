@@ -19,11 +19,19 @@ use crate::error::store_error;
 /// [`SqliteConnection`] as well, so `&mut *tx` is an executor too.
 pub struct SqliteWorkTx {
     tx: Transaction<'static, Sqlite>,
+    /// The store's one writer in this process, released when the transaction ends.
+    _writer: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl SqliteWorkTx {
-    pub(crate) fn new(tx: Transaction<'static, Sqlite>) -> Self {
-        SqliteWorkTx { tx }
+    pub(crate) fn new(
+        tx: Transaction<'static, Sqlite>,
+        writer: tokio::sync::OwnedSemaphorePermit,
+    ) -> Self {
+        SqliteWorkTx {
+            tx,
+            _writer: writer,
+        }
     }
 
     /// The transaction's connection: a handler's queries run on it, inside the work

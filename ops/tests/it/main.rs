@@ -12,5 +12,6 @@ mod model;
 mod pg;
 mod postgres;
 mod publish;
+mod sqlite;
 mod transports;
 mod vercel;

@@ -120,15 +120,13 @@ async fn sqlite() -> (Backend<SqliteStore>, Transport) {
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
-    // The pool `SqliteStore::open` makes, but for `synchronous = NORMAL` (a case needs no
-    // durability against power loss) and a busy timeout of 100 ms instead of 5 s: the
-    // worker's concurrent deliveries wait on each other's write lock, and at 5 s eight cases
-    // took 100 s, at 100 ms one (a lock given up is a store failure: the job is deferred).
+    // The pool `SqliteStore::open` makes, but for `synchronous = NORMAL`: a case needs no
+    // durability against power loss.
     let options = jobs_adapter_sqlite::sqlx::sqlite::SqliteConnectOptions::new()
         .filename(&path)
         .create_if_missing(true)
         .journal_mode(jobs_adapter_sqlite::sqlx::sqlite::SqliteJournalMode::Wal)
-        .busy_timeout(std::time::Duration::from_millis(100))
+        .busy_timeout(jobs_adapter_sqlite::BUSY_TIMEOUT)
         .synchronous(jobs_adapter_sqlite::sqlx::sqlite::SqliteSynchronous::Normal)
         .foreign_keys(true);
     let pool = jobs_adapter_sqlite::sqlx::sqlite::SqlitePoolOptions::new()
