@@ -178,6 +178,20 @@ impl Fixture {
             .expect("publish");
     }
 
+    /// Jobs `0..jobs` that succeed, in one batch.
+    async fn publish_ok(&self, jobs: i64) {
+        let batch: Vec<jobs_adapter_postgres::NewJob> = (0..jobs)
+            .map(|n| jobs_adapter_postgres::NewJob {
+                envelope: self.envelope(n, "ok"),
+                opts: PublishOptions::default(),
+            })
+            .collect();
+        self.queue
+            .publish_batch(&self.name, &batch)
+            .await
+            .expect("publish");
+    }
+
     /// The effects committed, sorted.
     async fn effects(&self) -> Vec<i64> {
         sqlx::query_scalar("select n from effects order by n")
@@ -349,16 +363,7 @@ async fn the_build_refuses_a_queue_that_cannot_join_the_stores_transactions() {
 async fn the_grouped_loop_drains_a_queue_exactly_once_and_gives_back_what_it_holds() {
     let f = Fixture::new().await;
     let jobs = 600;
-    let batch: Vec<jobs_adapter_postgres::NewJob> = (0..jobs)
-        .map(|n| jobs_adapter_postgres::NewJob {
-            envelope: f.envelope(n, "ok"),
-            opts: PublishOptions::default(),
-        })
-        .collect();
-    f.queue
-        .publish_batch(&f.name, &batch)
-        .await
-        .expect("publish");
+    f.publish_ok(jobs).await;
     let mut cfg = config(16);
     cfg.concurrency = 4;
     let worker = Arc::new(f.worker(cfg).expect("valid"));
@@ -642,16 +647,7 @@ async fn a_worker_whose_connections_are_killed_drains_each_job_once() {
     // connection killed under it fails the statement that uses it, and the worker goes on.
     let f = Fixture::new().await;
     let jobs = 3_000;
-    let batch: Vec<jobs_adapter_postgres::NewJob> = (0..jobs)
-        .map(|n| jobs_adapter_postgres::NewJob {
-            envelope: f.envelope(n, "ok"),
-            opts: PublishOptions::default(),
-        })
-        .collect();
-    f.queue
-        .publish_batch(&f.name, &batch)
-        .await
-        .expect("publish");
+    f.publish_ok(jobs).await;
     let mut cfg = config(16);
     cfg.concurrency = 4;
     cfg.lease = Duration::from_secs(2);

@@ -27,6 +27,22 @@ fn write_effect(tx: &mut PgWorkTx, key: String) -> BoxFuture<'_, Result<(), Stor
     })
 }
 
+/// The memory queue as the model's transport, on a manual clock of its own.
+fn memory_transport() -> Transport {
+    let clock = ManualClock::default();
+    let queue = MemoryQueue::new(Arc::new(clock.clone()));
+    let inject = queue.clone();
+    Transport {
+        publisher: Arc::new(queue.clone()),
+        consumer: Arc::new(queue.clone()),
+        depth: Arc::new(queue),
+        inject: Arc::new(move |name, bytes| {
+            inject.publish_bytes(name, bytes, &PublishOptions::default());
+        }),
+        clock,
+    }
+}
+
 #[test]
 fn the_runtime_keeps_every_invariant_on_postgres() {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -59,9 +75,6 @@ fn the_runtime_keeps_every_invariant_on_postgres() {
                     .execute(&pool)
                     .await
                     .expect("empty the tables");
-                let clock = ManualClock::default();
-                let queue = MemoryQueue::new(Arc::new(clock.clone()));
-                let inject = queue.clone();
                 let effects_pool = pool.clone();
                 (
                     Backend {
@@ -77,15 +90,7 @@ fn the_runtime_keeps_every_invariant_on_postgres() {
                             })
                         }),
                     },
-                    Transport {
-                        publisher: Arc::new(queue.clone()),
-                        consumer: Arc::new(queue.clone()),
-                        depth: Arc::new(queue),
-                        inject: Arc::new(move |name, bytes| {
-                            inject.publish_bytes(name, bytes, &PublishOptions::default());
-                        }),
-                        clock,
-                    },
+                    memory_transport(),
                 )
             }
         }
@@ -140,10 +145,7 @@ async fn sqlite() -> (Backend<SqliteStore>, Transport) {
         .execute(store.pool())
         .await
         .expect("create effects");
-    let clock = ManualClock::default();
-    let queue = MemoryQueue::new(Arc::new(clock.clone()));
     let pool = store.pool().clone();
-    let inject = queue.clone();
     (
         Backend {
             store,
@@ -158,15 +160,7 @@ async fn sqlite() -> (Backend<SqliteStore>, Transport) {
                 })
             }),
         },
-        Transport {
-            publisher: Arc::new(queue.clone()),
-            consumer: Arc::new(queue.clone()),
-            depth: Arc::new(queue),
-            inject: Arc::new(move |name, bytes| {
-                inject.publish_bytes(name, bytes, &PublishOptions::default());
-            }),
-            clock,
-        },
+        memory_transport(),
     )
 }
 
