@@ -195,6 +195,20 @@ struct Data {
     n: u64,
 }
 
+/// [`ModelHandler`] declared rerunnable: its only effect is its write through the transaction
+/// (its invocation log is the test's own bookkeeping).
+struct Rerunnable<Tx>(ModelHandler<Tx>);
+
+#[async_trait]
+impl<Tx: WorkTransaction> Handler<MutantTx<Tx>> for Rerunnable<Tx> {
+    type Data = Data;
+    const RERUNNABLE: bool = true;
+
+    async fn handle(&self, job: Job<Data>, tx: &mut MutantTx<Tx>) -> Result<(), JobError> {
+        self.0.handle(job, tx).await
+    }
+}
+
 struct ModelHandler<Tx> {
     scripts: Arc<Mutex<HashMap<u64, Vec<Step>>>>,
     log: Arc<Mutex<HandlerLog>>,
@@ -639,6 +653,7 @@ where
         mutant: Mutant,
         shape: Shape<S>,
         stats: Arc<GroupStats>,
+        rerunnable: bool,
     ) -> System<S> {
         let clock = queue.clock.clone();
         let store = backend.store;
@@ -666,17 +681,21 @@ where
             Arc::new(mutant_store.clone()),
             Arc::new(mutant_store),
         );
-        let worker = shape(builder, transport.clone(), stats)
-            .handler(
-                KIND.parse().expect("valid"),
-                ModelHandler {
-                    scripts: scripts.clone(),
-                    log: log.clone(),
-                    write_effect: backend.write_effect,
-                    effects: backend.effects.clone(),
-                    clock: clock.clone(),
-                },
-            )
+        let handler = ModelHandler {
+            scripts: scripts.clone(),
+            log: log.clone(),
+            write_effect: backend.write_effect,
+            effects: backend.effects.clone(),
+            clock: clock.clone(),
+        };
+        let builder = shape(builder, transport.clone(), stats);
+        let kind = KIND.parse().expect("valid");
+        let builder = if rerunnable {
+            builder.handler(kind, Rerunnable(handler))
+        } else {
+            builder.handler(kind, handler)
+        };
+        let worker = builder
             .clock(Arc::new(clock.clone()))
             .build()
             .expect("a valid worker");
@@ -1010,6 +1029,7 @@ fn run_model<S, F, Fut>(
     mutant: Mutant,
     setup: &F,
     stats: &Arc<GroupStats>,
+    rerunnable: bool,
 ) -> Result<(), String>
 where
     S: WorkStore + DeadLetterStore + Clone,
@@ -1023,7 +1043,8 @@ where
         .expect("a runtime")
         .block_on(async {
             let (backend, transport, shape) = setup().await;
-            let mut system = System::new(backend, transport, mutant, shape, stats.clone());
+            let mut system =
+                System::new(backend, transport, mutant, shape, stats.clone(), rerunnable);
             for (i, event) in events.iter().enumerate() {
                 system.apply(event).await;
                 system
@@ -1056,7 +1077,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = (Backend<S>, Transport)> + 'static,
 {
-    check(cases, &per_job(setup), &Arc::default());
+    check(cases, &per_job(setup), &Arc::default(), false);
 }
 
 /// [`check_invariants`] with the worker grouped over `queue` (from `setup`), a queue in the
@@ -1071,7 +1092,24 @@ where
     Fut: Future<Output = (Backend<S>, Transport, Arc<Q>)> + 'static,
 {
     let stats = Arc::default();
-    check(cases, &grouped(setup), &stats);
+    check(cases, &grouped(setup), &stats, false);
+    stats
+}
+
+/// [`check_grouped_invariants`] with the model's handler declared
+/// [`RERUNNABLE`](Handler::RERUNNABLE): groups take no checkpoints, and a failure rolls its
+/// group back and runs the others again, which every invariant must survive (a rerun after a
+/// rollback is no second run to a commit).
+pub fn check_grouped_rerunnable_invariants<S, Q, F, Fut>(cases: u32, setup: F) -> Arc<GroupStats>
+where
+    S: WorkStore + DeadLetterStore + Clone,
+    S::Tx: GroupTransaction,
+    Q: SettleInTransaction<S> + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = (Backend<S>, Transport, Arc<Q>)> + 'static,
+{
+    let stats = Arc::default();
+    check(cases, &grouped(setup), &stats, true);
     stats
 }
 
@@ -1120,7 +1158,7 @@ where
     }
 }
 
-fn check<S, F, Fut>(cases: u32, setup: &F, stats: &Arc<GroupStats>)
+fn check<S, F, Fut>(cases: u32, setup: &F, stats: &Arc<GroupStats>, rerunnable: bool)
 where
     S: WorkStore + DeadLetterStore + Clone,
     F: Fn() -> Fut,
@@ -1137,7 +1175,7 @@ where
     };
     let mut runner = TestRunner::new(config);
     let result = runner.run(&events(), |events| {
-        run_model(&events, Mutant::None, setup, stats).map_err(TestCaseError::fail)
+        run_model(&events, Mutant::None, setup, stats, rerunnable).map_err(TestCaseError::fail)
     });
     if let Err(error) = result {
         panic!("{error}");
@@ -1204,7 +1242,7 @@ where
         let mut runner = TestRunner::new_with_rng(config, rng);
         let stats = Arc::default();
         let result = runner.run(&events(), |events| {
-            run_model(&events, mutant, setup, &stats).map_err(TestCaseError::fail)
+            run_model(&events, mutant, setup, &stats, false).map_err(TestCaseError::fail)
         });
         match result {
             Err(TestError::Fail(reason, _)) => caught.push((mutant, reason.to_string())),
