@@ -143,8 +143,8 @@ where
     S::Tx: Send,
 {
     /// Processes `group` in one work transaction settled through `queue`, and says what
-    /// became of each delivery, in the group's order. Deliveries that can only be
-    /// dead-lettered (poison, an unknown kind) run no handler and settle on their own first.
+    /// became of each delivery, in the group's order. Deliveries no handler can run (poison,
+    /// an unknown kind) settle on their own first, through the transport ([`Worker::rejected`]).
     pub(crate) async fn process_group<Q>(&self, queue: &Q, group: Vec<Delivery>) -> Vec<Outcome>
     where
         Q: SettleInTransaction<S> + ?Sized,

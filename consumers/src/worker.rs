@@ -1034,8 +1034,9 @@ where
         outcome
     }
 
-    /// Decodes the delivery and finds its handler, or says which dead letter it must become
-    /// (poison, an unknown kind, data that does not fit, an attempt beyond the policy's).
+    /// Decodes the delivery and finds its handler, or says why no handler runs it (poison, an
+    /// unknown kind, data that does not fit, an attempt beyond the policy's):
+    /// [`Worker::rejected`] decides what becomes of it.
     pub(crate) fn triage(
         &self,
         delivery: &Delivery,
@@ -1157,25 +1158,42 @@ where
                     .await
             }
             Worked::Failed(JobError::Retry(e)) => {
-                let error = e.to_string();
-                match self.policy.after_failure(delivery.attempt) {
-                    Backoff::RetryIn(delay) => {
-                        let at = self.clock.now() + delay;
-                        tracing::warn!(error = %error, retry_in = ?delay, "job failed; will retry");
-                        match self.settle.retry_at(&delivery.lease, at).await {
-                            Ok(()) => {
-                                self.count("jobs_retried_total", &kind);
-                                Outcome::Retrying { at }
-                            }
-                            Err(e) => unsettled("retry", &e),
-                        }
+                let retried = || self.count("jobs_retried_total", &kind);
+                self.retry_or_dead_letter(
+                    &delivery,
+                    salvage,
+                    e.to_string(),
+                    DeadReason::Exhausted,
+                    retried,
+                )
+                .await
+            }
+        }
+    }
+
+    /// Another attempt after the policy's backoff (`retried` counts it), or, with the attempts
+    /// spent, the dead letter for `exhausted`.
+    async fn retry_or_dead_letter(
+        &self,
+        delivery: &Delivery,
+        salvage: Salvage,
+        error: String,
+        exhausted: DeadReason,
+        retried: impl FnOnce(),
+    ) -> Outcome {
+        match self.policy.after_failure(delivery.attempt) {
+            Backoff::RetryIn(delay) => {
+                let at = self.clock.now() + delay;
+                tracing::warn!(error = %error, retry_in = ?delay, reason = exhausted.as_str(), "job not done; will retry");
+                match self.settle.retry_at(&delivery.lease, at).await {
+                    Ok(()) => {
+                        retried();
+                        Outcome::Retrying { at }
                     }
-                    Backoff::Exhausted => {
-                        self.dead_letter(&delivery, salvage, DeadReason::Exhausted, error)
-                            .await
-                    }
+                    Err(e) => unsettled("retry", &e),
                 }
             }
+            Backoff::Exhausted => self.dead_letter(delivery, salvage, exhausted, error).await,
         }
     }
 
@@ -1192,24 +1210,12 @@ where
         if reason != DeadReason::UnknownKind {
             return self.dead_letter(delivery, salvage, reason, error).await;
         }
-        match self.policy.after_failure(delivery.attempt) {
-            Backoff::RetryIn(delay) => {
-                let at = self.clock.now() + delay;
-                tracing::warn!(error = %error, retry_in = ?delay, "no handler for the job's kind yet; will retry");
-                match self.settle.retry_at(&delivery.lease, at).await {
-                    Ok(()) => {
-                        metrics::counter!("jobs_unknown_kind_retried_total", "queue" => self.queue.to_string())
-                            .increment(1);
-                        Outcome::Retrying { at }
-                    }
-                    Err(e) => unsettled("retry", &e),
-                }
-            }
-            Backoff::Exhausted => {
-                self.dead_letter(delivery, salvage, DeadReason::UnknownKind, error)
-                    .await
-            }
-        }
+        let retried = || {
+            metrics::counter!("jobs_unknown_kind_retried_total", "queue" => self.queue.to_string())
+                .increment(1);
+        };
+        self.retry_or_dead_letter(delivery, salvage, error, DeadReason::UnknownKind, retried)
+            .await
     }
 
     /// One delivery's work transaction, up to its commit or rollback: begin, claim, the

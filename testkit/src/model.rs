@@ -1091,9 +1091,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = (Backend<S>, Transport, Arc<Q>)> + 'static,
 {
-    let stats = Arc::default();
-    check(cases, &grouped(setup), &stats, false);
-    stats
+    check_grouped(cases, setup, false)
 }
 
 /// [`check_grouped_invariants`] with the model's handler declared
@@ -1108,8 +1106,19 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = (Backend<S>, Transport, Arc<Q>)> + 'static,
 {
+    check_grouped(cases, setup, true)
+}
+
+fn check_grouped<S, Q, F, Fut>(cases: u32, setup: F, rerunnable: bool) -> Arc<GroupStats>
+where
+    S: WorkStore + DeadLetterStore + Clone,
+    S::Tx: GroupTransaction,
+    Q: SettleInTransaction<S> + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = (Backend<S>, Transport, Arc<Q>)> + 'static,
+{
     let stats = Arc::default();
-    check(cases, &grouped(setup), &stats, true);
+    check(cases, &grouped(setup), &stats, rerunnable);
     stats
 }
 
