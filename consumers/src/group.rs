@@ -29,7 +29,7 @@ use tracing::Instrument;
 
 use crate::handler::{Canceller, JobError, Prepared};
 use crate::retry::Backoff;
-use crate::worker::{DeadReason, Outcome, Ready, Salvage, Worker, run_bounded};
+use crate::worker::{DeadReason, Outcome, Ready, Salvage, Worker, ready_bounded, run_bounded};
 
 /// The grouped mode of a worker, with the queue's type erased: built by
 /// [`WorkerBuilder::grouped`](crate::WorkerBuilder::grouped) where the bounds are known.
@@ -181,6 +181,7 @@ where
                 }
             }
         }
+        let members = self.ready_members(members, &mut outcomes).await;
         if !members.is_empty() {
             for (index, outcome) in self.commit_group(queue, members).await {
                 outcomes[index] = Some(outcome);
@@ -194,6 +195,37 @@ where
                 })
             })
             .collect()
+    }
+
+    /// Waits for every member to be ready ([`Handler::ready`](crate::Handler::ready)), all at
+    /// once and before the group's transaction opens; the members that are not ready (their
+    /// tokens too far off, say) are settled on their own through the transport, with their
+    /// outcomes in `outcomes`, and the rest returned to run.
+    async fn ready_members(
+        &self,
+        members: Vec<Member<S::Tx>>,
+        outcomes: &mut [Option<Outcome>],
+    ) -> Vec<Member<S::Tx>> {
+        let readiness = members.iter().map(|member| {
+            let prepared = member.prepared.as_deref().expect("prepared until it runs");
+            ready_bounded(prepared, self.time_limit(&member.kind), &member.cancel)
+                .instrument(member.span.clone())
+        });
+        let readiness = futures_util::future::join_all(readiness).await;
+        let mut ready = Vec::with_capacity(members.len());
+        for (member, readiness) in members.into_iter().zip(readiness) {
+            match readiness {
+                Ok(()) => ready.push(member),
+                Err(error) => {
+                    let outcome = self
+                        .settle_failure(&member.delivery, member.salvage, &member.kind, error)
+                        .instrument(member.span)
+                        .await;
+                    outcomes[member.index] = Some(outcome);
+                }
+            }
+        }
+        ready
     }
 
     /// Runs the members in a transaction and commits it, in a second pass when the first

@@ -129,7 +129,7 @@ impl JobError {
 #[async_trait]
 pub trait Handler<Tx: Send>: Send + Sync + 'static {
     /// The kind's `data`; a payload that does not deserialise into it is poison.
-    type Data: DeserializeOwned + Send + 'static;
+    type Data: DeserializeOwned + Send + Sync + 'static;
 
     /// `true` when the handler's only effects are its writes through `tx`: no HTTP call, no
     /// email, no write anywhere else, so running it again after its transaction rolled back
@@ -141,11 +141,25 @@ pub trait Handler<Tx: Send>: Send + Sync + 'static {
 
     /// Does the job's work in `tx`.
     async fn handle(&self, job: Job<Self::Data>, tx: &mut Tx) -> Result<(), JobError>;
+
+    /// Waits until the job may run, before its work transaction opens: for waits that must
+    /// not hold a connection, a claim or (on SQLite) the write lock, such as taking tokens
+    /// from a rate limiter ([`Throttled`](crate::Throttled) does it here). `Ok` lets the job
+    /// run; an error settles it as from [`Handler::handle`] (`JobError::Defer` for a wait too
+    /// long to spend here). Bounded by the job's time limit like `handle`. Ready at once by
+    /// default.
+    async fn ready(&self, job: &Job<Self::Data>) -> Result<(), JobError> {
+        let _ = job;
+        Ok(())
+    }
 }
 
 /// A job whose data has been decoded, ready to run in a transaction.
 #[async_trait]
-pub(crate) trait Prepared<Tx: Send>: Send {
+pub(crate) trait Prepared<Tx: Send>: Send + Sync {
+    /// [`Handler::ready`].
+    async fn ready(&self) -> Result<(), JobError>;
+
     async fn run(self: Box<Self>, tx: &mut Tx) -> Result<(), JobError>;
 }
 
@@ -184,6 +198,10 @@ struct TypedJob<H: Handler<Tx>, Tx: Send> {
 
 #[async_trait]
 impl<H: Handler<Tx>, Tx: Send> Prepared<Tx> for TypedJob<H, Tx> {
+    async fn ready(&self) -> Result<(), JobError> {
+        self.handler.ready(&self.job).await
+    }
+
     async fn run(self: Box<Self>, tx: &mut Tx) -> Result<(), JobError> {
         let TypedJob { handler, job } = *self;
         handler.handle(job, tx).await

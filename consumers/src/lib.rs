@@ -27,7 +27,7 @@ pub use cleanup::{
 pub use dead_letters::{DeadLetters, ReplayError, Replayed};
 pub use handler::{BoxError, Cancellation, Handler, Job, JobError};
 pub use retry::{Backoff, MAX_BACKOFF, PolicyError, QueuePolicy, RetryPolicy};
-pub use throttle::Throttled;
+pub use throttle::{MAX_TOKEN_WAIT, Throttled};
 pub use worker::{
     DeadReason, MAX_GROUP_SIZE, Outcome, Worker, WorkerBuilder, WorkerConfig, WorkerError,
 };

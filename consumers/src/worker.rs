@@ -1115,15 +1115,16 @@ where
             Err(reject) => return self.rejected(&delivery, reject).await,
         };
 
-        // The lease is kept for the whole work, waiting for a connection and the commit
-        // included, not only while the handler runs.
-        let worked = self
-            .with_lease(
-                &delivery,
-                &cancel,
-                self.work(prepared, job_id, &kind, &cancel),
-            )
-            .await;
+        // The lease is kept for the whole work, from the handler's readiness (before any
+        // connection is taken) to the commit, not only while the handler runs.
+        let work = async {
+            let limit = self.time_limit(&kind);
+            match ready_bounded(&*prepared, limit, &cancel).await {
+                Ok(()) => self.work(prepared, job_id, &kind, &cancel).await,
+                Err(error) => Worked::Failed(error),
+            }
+        };
+        let worked = self.with_lease(&delivery, &cancel, work).await;
         let worked = match worked {
             Ok(worked) => worked,
             // The lease went to another worker: nothing of this run may commit or settle.
@@ -1152,15 +1153,29 @@ where
             }
             // Whether a failed commit committed is unknown; the redelivery's claim will tell.
             Worked::StoreFailed(e) => self.store_unavailable(&delivery, &e).await,
-            Worked::Failed(JobError::Defer { until }) => self.defer(&delivery, until).await,
-            Worked::Failed(JobError::Permanent(e)) => {
-                self.dead_letter(&delivery, salvage, DeadReason::Permanent, e.to_string())
+            Worked::Failed(error) => self.settle_failure(&delivery, salvage, &kind, error).await,
+        }
+    }
+
+    /// Settles a job its handler failed (nothing of it committed) through the transport, as
+    /// `error` says: deferred, retried after the policy's backoff, or dead-lettered.
+    pub(crate) async fn settle_failure(
+        &self,
+        delivery: &Delivery,
+        salvage: Salvage,
+        kind: &Kind,
+        error: JobError,
+    ) -> Outcome {
+        match error {
+            JobError::Defer { until } => self.defer(delivery, until).await,
+            JobError::Permanent(e) => {
+                self.dead_letter(delivery, salvage, DeadReason::Permanent, e.to_string())
                     .await
             }
-            Worked::Failed(JobError::Retry(e)) => {
-                let retried = || self.count("jobs_retried_total", &kind);
+            JobError::Retry(e) => {
+                let retried = || self.count("jobs_retried_total", kind);
                 self.retry_or_dead_letter(
-                    &delivery,
+                    delivery,
                     salvage,
                     e.to_string(),
                     DeadReason::Exhausted,
@@ -1563,38 +1578,42 @@ pub(crate) struct Reject {
     pub(crate) error: String,
 }
 
-/// Runs a prepared job, turning a panic into a retryable failure that names it.
 /// A handler stopped at its time limit.
 #[derive(Debug, Error)]
 #[error("the handler timed out after {0:?}; its writes were rolled back")]
 struct TimedOut(Duration);
 
-/// [`run_caught`] within `limit`: past it the handler's future is dropped (it stops at its
-/// next `.await`) and the job fails with [`TimedOut`], retryable.
+/// Runs a prepared job in `tx` within `limit` ([`bounded`]).
 pub(crate) async fn run_bounded<Tx: Send>(
     prepared: Box<dyn Prepared<Tx>>,
     tx: &mut Tx,
     limit: Duration,
     cancel: &Canceller,
 ) -> Result<(), JobError> {
-    match tokio::time::timeout(limit, run_caught(prepared, tx)).await {
-        Ok(result) => result,
-        Err(_) => {
-            tracing::warn!(timeout = ?limit, "handler timed out");
-            cancel.cancel();
-            Err(JobError::retry(TimedOut(limit)))
-        }
-    }
+    bounded(prepared.run(tx), limit, cancel).await
 }
 
-pub(crate) async fn run_caught<Tx: Send>(
-    prepared: Box<dyn Prepared<Tx>>,
-    tx: &mut Tx,
+/// Waits for a prepared job to be ready ([`Handler::ready`]) within `limit` ([`bounded`]).
+pub(crate) async fn ready_bounded<Tx: Send>(
+    prepared: &dyn Prepared<Tx>,
+    limit: Duration,
+    cancel: &Canceller,
 ) -> Result<(), JobError> {
-    AssertUnwindSafe(prepared.run(tx))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| {
+    bounded(prepared.ready(), limit, cancel).await
+}
+
+/// Handler code within `limit`: past it the future is dropped (it stops at its next
+/// `.await`), the job's cancellation fires and the job fails with [`TimedOut`], retryable; a
+/// panic becomes a retryable failure that names it.
+async fn bounded(
+    work: impl Future<Output = Result<(), JobError>>,
+    limit: Duration,
+    cancel: &Canceller,
+) -> Result<(), JobError> {
+    let caught = AssertUnwindSafe(work).catch_unwind();
+    match tokio::time::timeout(limit, caught).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(panic)) => {
             let message = panic
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_owned())
@@ -1602,7 +1621,13 @@ pub(crate) async fn run_caught<Tx: Send>(
                 .unwrap_or_else(|| "a non-string panic payload".to_owned());
             tracing::error!(panic = %message, "handler panicked");
             Err(JobError::retry(format!("handler panicked: {message}")))
-        })
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?limit, "handler timed out");
+            cancel.cancel();
+            Err(JobError::retry(TimedOut(limit)))
+        }
+    }
 }
 
 /// The next group from the front of `buffer`: a delivery whose previous lease expired

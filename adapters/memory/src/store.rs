@@ -1,6 +1,7 @@
 //! The in-memory store: `processed_jobs` and dead letters with the SQL stores' semantics.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
@@ -30,6 +31,8 @@ pub struct MemoryStore {
 struct Shared {
     state: Mutex<State>,
     released: Notify,
+    /// Work transactions begun and not yet committed or rolled back.
+    open: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +87,11 @@ impl MemoryStore {
         self.lock().effects.clone()
     }
 
+    /// Work transactions open now: tests show with it what runs outside a transaction.
+    pub fn open_transactions(&self) -> usize {
+        self.shared.open.load(Ordering::SeqCst)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every mutation leaves the state consistent before it could panic.
         self.shared
@@ -133,6 +141,7 @@ impl MemoryWorkTx {
             }
         }
         drop(state);
+        self.store.shared.open.fetch_sub(1, Ordering::SeqCst);
         self.store.shared.released.notify_waiters();
     }
 }
@@ -225,6 +234,7 @@ impl WorkStore for MemoryStore {
     type Tx = MemoryWorkTx;
 
     async fn begin(&self) -> Result<MemoryWorkTx, StoreError> {
+        self.shared.open.fetch_add(1, Ordering::SeqCst);
         Ok(MemoryWorkTx {
             store: self.clone(),
             claims: vec![],

@@ -59,7 +59,9 @@ async fn denied_tokens_defer_without_spending_attempts() {
         },
         limiter,
         move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), provider)],
-    );
+    )
+    // The manual clock does not move while a job would wait for its tokens.
+    .wait_at_most(Duration::ZERO);
     let worker = sender(&h, handler);
     for n in 0..7 {
         h.publish(n).await;
@@ -138,5 +140,90 @@ async fn a_bucket_the_limiter_refuses_dead_letters_instead_of_deferring_forever(
             }]
         ),
         "{outcomes:?}"
+    );
+}
+
+#[tokio::test]
+async fn short_waits_for_tokens_are_waited_before_the_job_runs_not_requeued() {
+    let h = Harness::new();
+    // Real time for the limiter, so that its tokens come back while the jobs wait for them.
+    let limiter = Arc::new(MemoryRateLimiter::new(Arc::new(jobs_core::SystemClock)));
+    let provider = Bucket::new(1, 1, Duration::from_millis(40)).expect("valid");
+    let attempts = Arc::new(Mutex::new(vec![]));
+    let handler = Throttled::new(
+        Send {
+            attempts: attempts.clone(),
+        },
+        limiter,
+        move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), provider)],
+    );
+    let worker = sender(&h, handler);
+    for n in 0..6 {
+        h.publish(n).await;
+    }
+
+    // Six jobs for one token every 40 ms: each waits its turn (well under the longest wait)
+    // instead of going back through the transport.
+    let outcomes = worker.run_once().await.expect("receive");
+    assert_eq!(outcomes, vec![Outcome::Processed; 6]);
+    assert_eq!(h.store.effects().len(), 6);
+    assert_eq!(attempts.lock().expect("not poisoned").len(), 6);
+}
+
+/// Records whether a work transaction was open while the job got ready, and when it ran.
+#[derive(Clone, Default)]
+struct Watched {
+    store: jobs_adapter_memory::MemoryStore,
+    open_when_ready: Arc<Mutex<Vec<usize>>>,
+}
+
+#[async_trait]
+impl Handler<MemoryWorkTx> for Watched {
+    type Data = TestData;
+
+    async fn ready(&self, _: &Job<TestData>) -> Result<(), JobError> {
+        let open = self.store.open_transactions();
+        self.open_when_ready
+            .lock()
+            .expect("not poisoned")
+            .push(open);
+        Ok(())
+    }
+
+    async fn handle(&self, job: Job<TestData>, tx: &mut MemoryWorkTx) -> Result<(), JobError> {
+        assert!(self.store.open_transactions() >= 1, "the job's own");
+        tx.record_effect(job.envelope.data.n.to_string());
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_job_gets_ready_before_its_work_transaction_opens() {
+    let h = Harness::new();
+    let watched = Watched {
+        store: h.store.clone(),
+        ..Watched::default()
+    };
+    let mut config = jobs_consumers::WorkerConfig::default();
+    config.concurrency = 1;
+    let worker = Worker::builder(
+        ConsumerName::try_from("test.sender").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.queue.clone()),
+        Arc::new(h.store.clone()),
+        Arc::new(h.store.clone()),
+    )
+    .handler(KIND.parse().expect("valid"), watched.clone())
+    .config(config)
+    .build()
+    .expect("valid");
+    for n in 0..3 {
+        h.publish(n).await;
+    }
+    h.drain(&worker).await;
+    assert_eq!(h.store.effects().len(), 3);
+    assert_eq!(
+        *watched.open_when_ready.lock().expect("not poisoned"),
+        [0, 0, 0]
     );
 }

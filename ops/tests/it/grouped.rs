@@ -798,3 +798,89 @@ async fn after_many_timed_out_handlers_every_connection_is_back() {
     );
     f.db.drop_db().await;
 }
+
+/// Counts the database's transactions left open by other connections: a group's, while its
+/// handlers run.
+async fn open_transactions(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from pg_stat_activity \
+         where datname = current_database() and state like 'idle in transaction%'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("pg_stat_activity")
+}
+
+/// Records the open transactions when each job got ready and when it ran, and writes its row.
+#[derive(Clone)]
+struct Watched {
+    pool: sqlx::PgPool,
+    when_ready: Arc<Mutex<Vec<i64>>>,
+    when_run: Arc<Mutex<Vec<i64>>>,
+}
+
+#[async_trait]
+impl Handler<PgWorkTx> for Watched {
+    type Data = Step;
+
+    async fn ready(&self, _: &Job<Step>) -> Result<(), JobError> {
+        let open = open_transactions(&self.pool).await;
+        self.when_ready.lock().expect("not poisoned").push(open);
+        Ok(())
+    }
+
+    async fn handle(&self, job: Job<Step>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        let open = open_transactions(&self.pool).await;
+        self.when_run.lock().expect("not poisoned").push(open);
+        sqlx::query("insert into effects (n) values ($1)")
+            .bind(job.envelope.data.n)
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_group_takes_its_tokens_before_its_transaction_opens_and_waits_short_ones_out() {
+    let f = Fixture::new().await;
+    let limiter = Arc::new(jobs_adapter_memory::MemoryRateLimiter::new(Arc::new(
+        jobs_core::SystemClock,
+    )));
+    let bucket = jobs_core::Bucket::new(1, 1, Duration::from_millis(30)).expect("valid");
+    let watched = Watched {
+        pool: f.pool.clone(),
+        when_ready: Arc::default(),
+        when_run: Arc::default(),
+    };
+    let throttled =
+        jobs_consumers::Throttled::new(watched.clone(), limiter, move |_: &Envelope<Step>| {
+            vec![(jobs_core::BucketKey::provider("resend"), bucket)]
+        });
+    let mut cfg = config(8);
+    cfg.concurrency = 1;
+    let worker = f
+        .grouped(Arc::new(f.queue.clone()), throttled, cfg)
+        .expect("valid");
+    f.publish_ok(8).await;
+
+    // Eight jobs for one token every 30 ms: the group waits for them, then runs all eight.
+    let outcomes = worker.run_once().await.expect("run");
+    assert_eq!(outcomes, vec![Outcome::Processed; 8]);
+    assert_eq!(f.effects().await, (0..8).collect::<Vec<_>>());
+    assert_eq!(
+        *watched.when_ready.lock().expect("not poisoned"),
+        [0; 8],
+        "no transaction open while the jobs waited"
+    );
+    assert!(
+        watched
+            .when_run
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .all(|open| *open == 1),
+        "the group's transaction is seen while its handlers run"
+    );
+    f.db.drop_db().await;
+}
