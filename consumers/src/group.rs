@@ -243,8 +243,14 @@ where
         // The first pass is optimistic when every job may run again; the second is careful.
         let mut careful = !members.iter().all(|m| m.rerunnable);
         let mut second = false;
+        // Every statement of the group's transaction is bounded by its longest time limit.
+        let limit = members
+            .iter()
+            .map(|member| self.time_limit(&member.kind))
+            .max()
+            .unwrap_or(self.config.handler_timeout);
         let stop = loop {
-            let mut tx = match self.store.begin().await {
+            let mut tx = match self.store.begin_within(limit).await {
                 Ok(tx) => tx,
                 Err(e) => return self.unavailable(members, &e).await,
             };

@@ -146,9 +146,10 @@ pub struct WorkerConfig {
     /// How long a handler may run (one minute by default; per kind,
     /// [`WorkerBuilder::timeout`]). Past it the handler is stopped, its writes are rolled
     /// back and the job is retried, spending an attempt, with an error that says it timed
-    /// out. A time limit stops only code that yields: a handler that blocks its thread, or a
-    /// statement the database itself runs on (bound those by the database's own statement
-    /// timeout), is not stopped by it.
+    /// out. A time limit stops only code that yields: a handler that blocks its thread is not
+    /// stopped by it. A store that can bound each statement of the work transaction by the
+    /// limit does ([`WorkStore::begin_within`]; PostgreSQL does, SQLite runs a statement to
+    /// its end), so a handler stopped in the middle of a statement leaves nothing running.
     pub handler_timeout: Duration,
     /// How long to wait before polling an empty queue again, unless the transport's wake-up
     /// ([`PullPort::wait_for_work`]) comes first. With a transport that notifies, this
@@ -520,7 +521,7 @@ pub struct Worker<S: WorkStore> {
     pub(crate) policy: RetryPolicy,
     pub(crate) clock: Arc<dyn Clock>,
     alerts: Option<CoalescingAlerter>,
-    config: WorkerConfig,
+    pub(crate) config: WorkerConfig,
     groups: Option<Arc<dyn Groups<S>>>,
     /// [`WorkerBuilder::unknown_kinds_are_poison`].
     unknown_is_poison: bool,
@@ -1242,7 +1243,8 @@ where
         kind: &Kind,
         cancel: &Canceller,
     ) -> Worked {
-        let mut tx = match self.store.begin().await {
+        let limit = self.time_limit(kind);
+        let mut tx = match self.store.begin_within(limit).await {
             Ok(tx) => tx,
             Err(e) => return Worked::StoreFailed(e),
         };
@@ -1264,7 +1266,7 @@ where
             }
         }
         let started = Instant::now();
-        let result = run_bounded(prepared, &mut tx, self.time_limit(kind), cancel).await;
+        let result = run_bounded(prepared, &mut tx, limit, cancel).await;
         self.timed(kind, started);
         match result {
             Ok(()) => match tx.commit().await {

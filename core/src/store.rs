@@ -9,7 +9,7 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use thiserror::Error;
@@ -131,6 +131,16 @@ pub trait WorkStore: Send + Sync + 'static {
 
     /// Opens a work transaction.
     async fn begin(&self) -> Result<Self::Tx, StoreError>;
+
+    /// Opens a work transaction for work stopped after `limit` (a handler's time limit). A
+    /// store whose engine can bound each statement of the transaction by it does so
+    /// (PostgreSQL: `statement_timeout`, set in the same round trip as `BEGIN`), so that a
+    /// handler stopped in the middle of a statement does not leave the statement running on
+    /// the server, holding the transaction's locks. By default, [`begin`](Self::begin).
+    async fn begin_within(&self, limit: Duration) -> Result<Self::Tx, StoreError> {
+        let _ = limit;
+        self.begin().await
+    }
 }
 
 /// Housekeeping of `core.processed_jobs`.

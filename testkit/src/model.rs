@@ -340,11 +340,24 @@ impl<S: WorkStore> WorkStore for MutantStore<S> {
     type Tx = MutantTx<S::Tx>;
 
     async fn begin(&self) -> Result<MutantTx<S::Tx>, StoreError> {
-        Ok(MutantTx {
-            inner: self.inner.begin().await?,
+        Ok(self.wrap(self.inner.begin().await?))
+    }
+
+    async fn begin_within(
+        &self,
+        limit: std::time::Duration,
+    ) -> Result<MutantTx<S::Tx>, StoreError> {
+        Ok(self.wrap(self.inner.begin_within(limit).await?))
+    }
+}
+
+impl<S: WorkStore> MutantStore<S> {
+    fn wrap(&self, inner: S::Tx) -> MutantTx<S::Tx> {
+        MutantTx {
+            inner,
             mutant: self.mutant,
             stats: self.stats.clone(),
-        })
+        }
     }
 }
 

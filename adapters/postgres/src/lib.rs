@@ -27,7 +27,7 @@
 //! ```no_run
 //! use jobs_adapter_postgres::PgStore;
 //! use jobs_core::{WorkStore, WorkTransaction, Claim, JobId, ConsumerName};
-//! use std::time::SystemTime;
+//! use std::time::{Duration, SystemTime};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = PgStore::connect("postgres://postgres@127.0.0.1:5432/app").await?;
@@ -63,6 +63,7 @@ pub use queue::{LEASE_STATEMENT, NewJob, PgQueue, Wake, Wakeups};
 /// The sqlx this crate is built with: handlers write through [`PgWorkTx::conn`] with it, so
 /// they need the same version.
 pub use sqlx;
+use std::time::Duration;
 pub use tenants::PgTenantDirectory;
 pub use tx::PgWorkTx;
 
@@ -157,9 +158,28 @@ impl WorkStore for PgStore {
     /// since: its `BEGIN` fails, and another connection is tried, at most as many times as
     /// the pool holds connections, so that a server restart costs no job a deferral.
     async fn begin(&self) -> Result<PgWorkTx, StoreError> {
+        self.begin_with(None).await
+    }
+
+    async fn begin_within(&self, limit: Duration) -> Result<PgWorkTx, StoreError> {
+        // PostgreSQL takes at most i32::MAX ms; 0 would turn the timeout off.
+        let ms = limit.as_millis().clamp(1, i32::MAX as u128);
+        self.begin_with(Some(format!("BEGIN; SET LOCAL statement_timeout = {ms}")))
+            .await
+    }
+}
+
+impl PgStore {
+    /// A work transaction begun by `statement` (`BEGIN` when none), on another pooled
+    /// connection when the server closed the one it was given.
+    async fn begin_with(&self, statement: Option<String>) -> Result<PgWorkTx, StoreError> {
         let mut tries = self.pool.size().saturating_add(1);
         loop {
-            match self.pool.begin().await {
+            let begun = match &statement {
+                None => self.pool.begin().await,
+                Some(statement) => self.pool.begin_with(statement.clone()).await,
+            };
+            match begun {
                 Ok(tx) => return Ok(PgWorkTx::new(tx)),
                 Err(e) if tries > 1 && error::is_broken_connection(&e) => {
                     tracing::debug!(error = %e, "a pooled connection was closed; trying another");

@@ -884,3 +884,87 @@ async fn a_group_takes_its_tokens_before_its_transaction_opens_and_waits_short_o
     );
     f.db.drop_db().await;
 }
+
+/// Runs one statement that takes far longer than its time limit.
+struct SleepsInSql;
+
+#[async_trait]
+impl Handler<PgWorkTx> for SleepsInSql {
+    type Data = serde_json::Value;
+
+    async fn handle(&self, _: Job<serde_json::Value>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        sqlx::query("select pg_sleep(60)")
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
+        Ok(())
+    }
+}
+
+/// Statements of the database still running `pg_sleep`, whoever started them.
+async fn sleeping_statements(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from pg_stat_activity where datname = current_database() \
+         and state = 'active' and query like '%pg_sleep(60)%' and pid <> pg_backend_pid()",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("pg_stat_activity")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_stopped_in_the_middle_of_a_statement_leaves_nothing_running() {
+    let f = Fixture::new().await;
+    let mut cfg = config(4);
+    cfg.handler_timeout = Duration::from_millis(300);
+    for grouped in [true, false] {
+        f.publish(&f.envelope(1, "ok"), PublishOptions::default())
+            .await;
+        let queue = Arc::new(f.queue.clone());
+        let mut builder = Worker::builder(
+            ConsumerName::try_from("test.grouped").expect("valid"),
+            f.name.clone(),
+            queue.clone(),
+            Arc::new(f.store.clone()),
+            Arc::new(f.store.clone()),
+        );
+        if grouped {
+            builder = builder.grouped(queue);
+        }
+        let worker = builder
+            .handler(KIND.parse().expect("valid"), SleepsInSql)
+            .clock(Arc::new(f.clock.clone()))
+            .config(cfg.clone())
+            .build()
+            .expect("valid");
+        let worker = Arc::new(worker);
+        let running = tokio::spawn({
+            let worker = worker.clone();
+            async move { worker.run_once().await }
+        });
+        // The statement is cancelled by the database within the time limit of its start,
+        // not left running (and holding the transaction's locks) for its whole minute.
+        let mut seen = false;
+        let mut left = 1;
+        for _ in 0..100 {
+            left = sleeping_statements(&f.pool).await;
+            seen |= left > 0;
+            if seen && left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(seen, "grouped {grouped}: the statement never ran");
+        assert_eq!(left, 0, "grouped {grouped}: the statement still runs");
+        let outcomes = running.await.expect("joined").expect("receive");
+        assert!(
+            matches!(outcomes[..], [Outcome::Retrying { .. }]),
+            "grouped {grouped}: {outcomes:?}"
+        );
+        sqlx::query("delete from core.jobs")
+            .execute(&f.pool)
+            .await
+            .expect("clear the queue");
+    }
+    f.db.drop_db().await;
+}
