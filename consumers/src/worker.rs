@@ -11,9 +11,9 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use jobs_core::{
     Claim, Clock, ConsumerName, ConsumerPort, CorrelationId, DeadLetterId, DeadLetterStore,
-    DecodeLimits, Delivery, Envelope, GroupTransaction, JobId, Kind, NewDeadLetter, PullPort,
-    QueueError, QueueName, Recorded, SettleInTransaction, SettlePort, StoreError, SystemClock,
-    TenantId, WorkStore, WorkTransaction,
+    DecodeLimits, Delivery, Envelope, GroupTransaction, JobId, Kind, LeaseLimits, NewDeadLetter,
+    PullPort, QueueError, QueueName, Recorded, SettleInTransaction, SettlePort, StoreError,
+    SystemClock, TenantId, WorkStore, WorkTransaction,
 };
 use serde_json::Value;
 use thiserror::Error;
@@ -100,7 +100,8 @@ pub enum WorkerError {
     #[error("kind `{0}` has two handlers")]
     DuplicateKind(Kind),
     /// A setting that cannot work (a worker with no concurrency, a lease too short to extend,
-    /// a zero poll interval or time limit), named as in [`WorkerConfig`].
+    /// a zero poll interval or time limit, a lease or a time limit longer than the transport
+    /// can hold a delivery), named as in [`WorkerConfig`].
     #[error("{field} = {value} cannot work: {why}")]
     Config {
         /// The setting, e.g. `concurrency`, or `timeout of kind ...`.
@@ -108,7 +109,7 @@ pub enum WorkerError {
         /// Its value.
         value: String,
         /// What it must be.
-        why: &'static str,
+        why: String,
     },
     /// [`WorkerBuilder::grouped`] was given a queue whose statements cannot join the store's
     /// transactions.
@@ -213,18 +214,18 @@ impl WorkerConfig {
     /// | setting | default | must be |
     /// |---|---|---|
     /// | `concurrency` | 8 | at least 1 |
-    /// | `lease` | 60 s | 1 s to a day (it is extended every third of it) |
-    /// | `handler_timeout` | 60 s | above zero |
+    /// | `lease` | 60 s | 1 s to a day (it is extended every third of it), and no longer than the transport sets ([`LeaseLimits::per_lease`]) |
+    /// | `handler_timeout` | 60 s | above zero, and (like every kind's own) no longer than the transport holds a delivery ([`LeaseLimits::per_delivery`]) |
     /// | `poll_interval` | 500 ms | above zero |
     /// | `shutdown_grace` | 30 s | any |
     /// | `group_size` | 32 | 1 to [`MAX_GROUP_SIZE`] when grouped |
     /// | `group_linger` | 0 | any |
     fn check(&self) -> Result<(), WorkerError> {
-        let refuse = |field: &str, value: String, why| {
+        let refuse = |field: &str, value: String, why: &str| {
             Err(WorkerError::Config {
                 field: field.to_owned(),
                 value,
-                why,
+                why: why.to_owned(),
             })
         };
         if self.concurrency == 0 {
@@ -428,6 +429,42 @@ impl<S: WorkStore> WorkerBuilder<S> {
         self
     }
 
+    /// Refuses a lease, or a time limit, longer than the transport can hold a delivery: a
+    /// job that outlived it would be delivered again while it still runs, and its
+    /// settlement refused.
+    fn check_lease_limits(&self, limits: LeaseLimits) -> Result<(), WorkerError> {
+        if let Some(most) = limits.per_lease
+            && self.config.lease > most
+        {
+            return Err(WorkerError::Config {
+                field: "lease".to_owned(),
+                value: format!("{:?}", self.config.lease),
+                why: format!("this transport sets a lease of at most {most:?}"),
+            });
+        }
+        let Some(most) = limits.per_delivery else {
+            return Ok(());
+        };
+        let limits = std::iter::once(("handler_timeout".to_owned(), self.config.handler_timeout))
+            .chain(
+                self.timeouts
+                    .iter()
+                    .map(|(kind, limit)| (format!("the timeout of `{kind}`"), *limit)),
+            );
+        for (field, limit) in limits {
+            if limit > most {
+                return Err(WorkerError::Config {
+                    field,
+                    value: format!("{limit:?}"),
+                    why: format!(
+                        "this transport holds a delivery at most {most:?}, however it is extended"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The worker, or why it makes no sense.
     pub fn build(self) -> Result<Worker<S>, WorkerError> {
         if self.handlers.is_empty() {
@@ -442,10 +479,11 @@ impl<S: WorkStore> WorkerBuilder<S> {
                 return Err(WorkerError::Config {
                     field: format!("the timeout of `{kind}`"),
                     value: format!("{limit:?}"),
-                    why: "a handler needs some time to run",
+                    why: "a handler needs some time to run".to_owned(),
                 });
             }
         }
+        self.check_lease_limits(self.settle.lease_limits())?;
         if let Some(p) = &self.rationale {
             if p.queue() != &self.queue {
                 return Err(WorkerError::PolicyForOtherQueue {

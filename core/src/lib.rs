@@ -50,8 +50,8 @@ pub use error::ErrorClass;
 pub use id::{CorrelationId, JobId, TenantId, UUID_PATTERN, UUIDV7_PATTERN, UuidError};
 pub use name::{ConsumerName, Kind, MAX_NAME_LEN, NAME_PATTERN, NameError, QueueName, Rail};
 pub use queue::{
-    ConsumerPort, Delivery, Depth, Lease, MAX_WAIT, PublishOptions, PullPort, QueueDepth,
-    QueueError, QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement, later,
+    ConsumerPort, Delivery, Depth, Lease, LeaseLimits, MAX_WAIT, PublishOptions, PullPort,
+    QueueDepth, QueueError, QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement, later,
 };
 #[cfg(feature = "mock")]
 pub use queue::{MockPullPort, MockQueueDepth, MockQueuePort, MockSettlePort};

@@ -267,6 +267,43 @@ pub trait SettlePort: Send + Sync {
 
     /// Keeps the message invisible for `by` from now, for handlers that outlive their lease.
     async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError>;
+
+    /// How long this transport lets a delivery be held, so that a worker refuses at build a
+    /// lease or a time limit it could not keep. Unbounded by default.
+    fn lease_limits(&self) -> LeaseLimits {
+        LeaseLimits::default()
+    }
+}
+
+/// How long a transport lets one delivery be held ([`SettlePort::lease_limits`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseLimits {
+    /// The longest lease one receive or extension can set (Vercel Queues: 1 h); `None`
+    /// when any lease up to [`MAX_WAIT`] can be set.
+    pub per_lease: Option<Duration>,
+    /// The longest a delivery can be held in all, however often it is extended (a QStash
+    /// push: the request's `Upstash-Timeout`, after which QStash gives up on the answer);
+    /// `None` when extensions can go on.
+    pub per_delivery: Option<Duration>,
+}
+
+impl LeaseLimits {
+    /// No lease longer than `limit`, extensions unbounded.
+    pub fn per_lease(limit: Duration) -> Self {
+        LeaseLimits {
+            per_lease: Some(limit),
+            per_delivery: None,
+        }
+    }
+
+    /// No delivery held longer than `limit` in all.
+    pub fn per_delivery(limit: Duration) -> Self {
+        LeaseLimits {
+            per_lease: Some(limit),
+            per_delivery: Some(limit),
+        }
+    }
 }
 
 /// The pull capability: leasing ready messages, and a hint that some may have arrived.

@@ -94,4 +94,8 @@ impl<C: SettlePort + ?Sized> SettlePort for LosesAcks<C> {
         self.extends.fetch_add(1, Ordering::SeqCst);
         self.inner.extend(lease, by).await
     }
+
+    fn lease_limits(&self) -> jobs_core::LeaseLimits {
+        self.inner.lease_limits()
+    }
 }

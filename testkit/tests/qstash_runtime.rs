@@ -367,3 +367,36 @@ async fn a_deferral_does_not_spend_an_attempt() {
     );
     assert_eq!(h.store.effects(), vec!["n=1"]);
 }
+
+#[tokio::test]
+async fn a_push_worker_refuses_a_time_limit_longer_than_qstash_waits_for_the_answer() {
+    let store = MemoryStore::default();
+    let build = |timeout: Duration, limit: Duration| {
+        let consumer = PushConsumer::default().with_delivery_timeout(timeout);
+        Worker::push_builder(
+            ConsumerName::try_from("test.consumer").unwrap(),
+            "jobs.push".parse().unwrap(),
+            Arc::new(consumer),
+            Arc::new(store.clone()),
+            Arc::new(store.clone()),
+        )
+        .handler(
+            KIND.parse().unwrap(),
+            Scripted {
+                script: |_| Ok(()),
+                calls: Arc::default(),
+            },
+        )
+        .handler_timeout(limit)
+        .build()
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    };
+    let minute = Duration::from_secs(60);
+    let refused = build(minute, 5 * minute).expect_err("five minutes in a one-minute request");
+    assert!(refused.starts_with("handler_timeout = 300s"), "{refused}");
+    assert!(
+        build(5 * minute, 5 * minute).is_ok(),
+        "a longer Upstash-Timeout"
+    );
+}

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use jobs_core::{Clock, Delivery, Lease, QueueError, QueueName, SettlePort, SystemClock};
+use jobs_core::{
+    Clock, Delivery, Lease, LeaseLimits, QueueError, QueueName, SettlePort, SystemClock,
+};
 use reqwest::header::HeaderMap;
 use serde_json::json;
 
@@ -156,6 +158,7 @@ pub struct PushConsumer {
     slots: Mutex<HashMap<String, Slot>>,
     seq: AtomicU64,
     clock: Arc<dyn Clock>,
+    delivery_timeout: Duration,
 }
 
 impl Default for PushConsumer {
@@ -171,7 +174,22 @@ impl PushConsumer {
             slots: Mutex::default(),
             seq: AtomicU64::new(0),
             clock,
+            delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
         }
+    }
+
+    /// Says that QStash waits `timeout` for each delivery's answer (the `Upstash-Timeout`
+    /// messages are published with; default [`DEFAULT_DELIVERY_TIMEOUT`]): no handler time
+    /// limit may be longer ([`SettlePort::lease_limits`]), and a [`Receiver`] leases each
+    /// delivery for it unless told otherwise.
+    pub fn with_delivery_timeout(mut self, timeout: Duration) -> Self {
+        self.delivery_timeout = timeout;
+        self
+    }
+
+    /// [`PushConsumer::with_delivery_timeout`].
+    pub fn delivery_timeout(&self) -> Duration {
+        self.delivery_timeout
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
@@ -243,6 +261,12 @@ impl SettlePort for PushConsumer {
             }),
         }
     }
+
+    /// A delivery is held at most the delivery timeout: past it QStash gives up on the
+    /// answer and delivers again.
+    fn lease_limits(&self) -> LeaseLimits {
+        LeaseLimits::per_delivery(self.delivery_timeout)
+    }
 }
 
 /// Removes a delivery's slot if the request is dropped before it is answered.
@@ -309,7 +333,7 @@ impl Receiver {
             url: url.into(),
             keys,
             tolerance: DEFAULT_CLOCK_TOLERANCE,
-            lease: DEFAULT_DELIVERY_TIMEOUT,
+            lease: consumer.delivery_timeout(),
             consumer,
             republisher: None,
             clock: Arc::new(SystemClock),
@@ -322,8 +346,9 @@ impl Receiver {
         self
     }
 
-    /// Leases each delivery for `lease` (default: the delivery timeout, 60 s); keep it at or
-    /// below the `Upstash-Timeout` messages are published with.
+    /// Leases each delivery for `lease` (default: the consumer's delivery timeout,
+    /// [`PushConsumer::with_delivery_timeout`]); keep it at or below the `Upstash-Timeout`
+    /// messages are published with.
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self

@@ -244,6 +244,10 @@ impl SettlePort for CountedQueue {
         }
         Ok(extended)
     }
+
+    fn lease_limits(&self) -> jobs_core::LeaseLimits {
+        self.consumer.lease_limits()
+    }
 }
 
 #[async_trait]

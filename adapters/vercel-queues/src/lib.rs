@@ -671,6 +671,12 @@ impl SettlePort for VercelQueues {
         }
         Ok(Lease::new(lease.queue().clone(), lease.token(), expires))
     }
+
+    /// One visibility timeout is at most [`MAX_VISIBILITY`]; extensions go on until the
+    /// message expires.
+    fn lease_limits(&self) -> jobs_core::LeaseLimits {
+        jobs_core::LeaseLimits::per_lease(MAX_VISIBILITY)
+    }
 }
 
 /// The parts of a `multipart/mixed` receive answer.

@@ -476,3 +476,84 @@ async fn the_lease_is_kept_while_the_job_waits_for_a_connection() {
         h.transport.extensions()
     );
 }
+
+/// The harness's queue as a transport that can hold a delivery only as long as `limits` say.
+struct Limited {
+    inner: jobs_adapter_memory::MemoryQueue,
+    limits: jobs_core::LeaseLimits,
+}
+
+#[async_trait]
+impl jobs_core::SettlePort for Limited {
+    async fn ack(&self, lease: &jobs_core::Lease) -> Result<(), jobs_core::QueueError> {
+        self.inner.ack(lease).await
+    }
+    async fn retry_at(
+        &self,
+        lease: &jobs_core::Lease,
+        at: std::time::SystemTime,
+    ) -> Result<(), jobs_core::QueueError> {
+        self.inner.retry_at(lease, at).await
+    }
+    async fn defer(
+        &self,
+        lease: &jobs_core::Lease,
+        until: std::time::SystemTime,
+    ) -> Result<(), jobs_core::QueueError> {
+        self.inner.defer(lease, until).await
+    }
+    async fn extend(
+        &self,
+        lease: &jobs_core::Lease,
+        by: Duration,
+    ) -> Result<jobs_core::Lease, jobs_core::QueueError> {
+        self.inner.extend(lease, by).await
+    }
+    fn lease_limits(&self) -> jobs_core::LeaseLimits {
+        self.limits
+    }
+}
+
+#[tokio::test]
+async fn a_lease_or_time_limit_the_transport_cannot_hold_is_refused_by_name() {
+    let h = Harness::new();
+    let minute = Duration::from_secs(60);
+    let build = |limits, config: WorkerConfig, per_kind: Option<Duration>| {
+        let transport = Arc::new(Limited {
+            inner: h.queue.clone(),
+            limits,
+        });
+        let mut builder = Worker::push_builder(
+            jobs_core::ConsumerName::try_from("test.consumer").expect("valid"),
+            h.name.clone(),
+            transport,
+            Arc::new(h.store.clone()),
+            Arc::new(h.store.clone()),
+        )
+        .handler(KIND.parse().expect("valid"), Hangs)
+        .config(config);
+        if let Some(limit) = per_kind {
+            builder = builder.timeout(KIND.parse().expect("valid"), limit);
+        }
+        builder.build().map(|_| ()).map_err(|e| e.to_string())
+    };
+    let hour_lease = jobs_core::LeaseLimits::per_lease(Duration::from_secs(3_600));
+    let mut long_lease = WorkerConfig::default();
+    long_lease.lease = Duration::from_secs(7_200);
+    let refused = build(hour_lease, long_lease, None).expect_err("a two-hour lease");
+    assert!(refused.starts_with("lease = 7200s"), "{refused}");
+    assert!(build(hour_lease, WorkerConfig::default(), None).is_ok());
+
+    let minute_push = jobs_core::LeaseLimits::per_delivery(minute);
+    let mut slow = WorkerConfig::default();
+    slow.handler_timeout = 2 * minute;
+    let refused = build(minute_push, slow, None).expect_err("a two-minute limit");
+    assert!(refused.starts_with("handler_timeout = 120s"), "{refused}");
+    let refused = build(minute_push, WorkerConfig::default(), Some(3 * minute))
+        .expect_err("a three-minute limit for one kind");
+    assert!(
+        refused.starts_with("the timeout of `test.job`"),
+        "{refused}"
+    );
+    assert!(build(minute_push, WorkerConfig::default(), Some(minute / 2)).is_ok());
+}
