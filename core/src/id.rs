@@ -212,7 +212,23 @@ impl JobId {
     /// millisecond, or if the system clock steps back, the random part is incremented), so
     /// two jobs created in a row sort in creation order.
     pub fn generate() -> JobId {
-        let now_ms = SystemTime::now()
+        JobId::generate_at(SystemTime::now())
+    }
+
+    /// Mints a fresh id for `now`, a [`Clock`](crate::Clock)'s time, so that ids minted under
+    /// a manual clock carry its time; still strictly increasing within the process.
+    ///
+    /// ```
+    /// use jobs_core::{Clock, JobId, ManualClock};
+    ///
+    /// let clock = ManualClock::default();
+    /// let id = JobId::generate_at(clock.now());
+    /// let ms = clock.now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    /// assert!(u128::from(id.unix_ms()) >= ms);
+    /// assert!(JobId::generate_at(clock.now()) > id);
+    /// ```
+    pub fn generate_at(now: SystemTime) -> JobId {
+        let now_ms = now
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
