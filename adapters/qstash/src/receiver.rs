@@ -316,6 +316,7 @@ pub struct Receiver {
     lease: Duration,
     consumer: Arc<PushConsumer>,
     republisher: Option<QStashQueue>,
+    last_attempt: Option<u32>,
     clock: Arc<dyn Clock>,
 }
 
@@ -336,6 +337,7 @@ impl Receiver {
             lease: consumer.delivery_timeout(),
             consumer,
             republisher: None,
+            last_attempt: None,
             clock: Arc::new(SystemClock),
         }
     }
@@ -361,14 +363,26 @@ impl Receiver {
         self
     }
 
+    /// Reports no delivery beyond attempt `last` (the destination's retries plus one), so that
+    /// a replayed signed request with a forged attempt count cannot skip its handler (ADR
+    /// 0010). A republisher's destination says it already; without one, say it here.
+    pub fn with_last_attempt(mut self, last: u32) -> Self {
+        self.last_attempt = Some(last.max(1));
+        self
+    }
+
     /// Checks signatures and computes `Retry-After` on `clock` (default: the system clock).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
 
-    /// The destination's last attempt, when the republisher's configuration says.
+    /// The destination's last attempt, as [`Receiver::with_last_attempt`] or the
+    /// republisher's configuration says.
     fn last_attempt(&self) -> Option<u32> {
+        if self.last_attempt.is_some() {
+            return self.last_attempt;
+        }
         let destination = self
             .republisher
             .as_ref()?
@@ -582,6 +596,22 @@ mod tests {
         for (retried, attempt) in [("0", 1), ("2", 3), ("999", last)] {
             let delivery = receiver.accept(&replayed(retried)).expect("verified");
             assert_eq!(delivery.attempt, attempt, "Upstash-Retried: {retried}");
+        }
+        // Without a republisher, the last attempt given to the receiver bounds it.
+        let told = Receiver::new(
+            "jobs.push".parse().expect("valid"),
+            URL,
+            SigningKeys::new(CURRENT, NEXT),
+            Arc::new(PushConsumer::new(receiver.clock.clone())),
+        )
+        .with_clock(receiver.clock.clone())
+        .with_last_attempt(4);
+        for (retried, attempt) in [("1", 2), ("3", 4), ("999", 4)] {
+            let delivery = told.accept(&replayed(retried)).expect("verified");
+            assert_eq!(
+                delivery.attempt, attempt,
+                "told, Upstash-Retried: {retried}"
+            );
         }
     }
 }
