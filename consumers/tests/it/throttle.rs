@@ -204,8 +204,6 @@ async fn a_job_gets_ready_before_its_work_transaction_opens() {
         store: h.store.clone(),
         ..Watched::default()
     };
-    let mut config = jobs_consumers::WorkerConfig::default();
-    config.concurrency = 1;
     let worker = Worker::builder(
         ConsumerName::try_from("test.sender").expect("valid"),
         h.name.clone(),
@@ -214,7 +212,7 @@ async fn a_job_gets_ready_before_its_work_transaction_opens() {
         Arc::new(h.store.clone()),
     )
     .handler(KIND.parse().expect("valid"), watched.clone())
-    .config(config)
+    .concurrency(1)
     .build()
     .expect("valid");
     for n in 0..3 {
