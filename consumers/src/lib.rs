@@ -29,5 +29,5 @@ pub use handler::{BoxError, Cancellation, Handler, Job, JobError};
 pub use retry::{Backoff, MAX_BACKOFF, PolicyError, QueuePolicy, RetryPolicy};
 pub use throttle::{MAX_TOKEN_WAIT, Throttled};
 pub use worker::{
-    DeadReason, MAX_GROUP_SIZE, Outcome, Worker, WorkerBuilder, WorkerConfig, WorkerError,
+    DeadReason, Drained, MAX_GROUP_SIZE, Outcome, Worker, WorkerBuilder, WorkerConfig, WorkerError,
 };

@@ -533,6 +533,8 @@ impl<S: WorkStore> WorkerBuilder<S> {
             groups: self.groups,
             unknown_is_poison: self.unknown_is_poison,
             shutting_down: tokio::sync::watch::Sender::new(false),
+            born: tokio::time::Instant::now(),
+            turned_ms: std::sync::atomic::AtomicU64::new(0),
             store_failures: std::sync::atomic::AtomicU32::new(0),
         })
     }
@@ -567,7 +569,28 @@ pub struct Worker<S: WorkStore> {
     shutting_down: tokio::sync::watch::Sender<bool>,
     /// Store failures in a row, for the backoff of [`Worker::store_unavailable`].
     store_failures: std::sync::atomic::AtomicU32,
+    /// When the worker was built: the origin of `turned_ms`.
+    born: tokio::time::Instant,
+    /// When its loop last turned, in milliseconds after `born`; 0 before it first did.
+    turned_ms: std::sync::atomic::AtomicU64,
 }
+
+/// What a [`Worker::run`] left behind when it stopped, for the line a process logs at exit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Drained {
+    /// Tasks (jobs; groups, when grouped) still running at shutdown that finished within the
+    /// grace.
+    pub finished: usize,
+    /// Tasks still running when the grace ran out, left unacked for redelivery.
+    pub abandoned: usize,
+    /// Jobs fetched but not started, given back with their attempt unspent.
+    pub given_back: usize,
+}
+
+/// How much longer than its own waits a loop may go without turning before
+/// [`Worker::stuck`] says it is.
+const STUCK_SLACK: Duration = Duration::from_secs(10);
 
 impl<S: WorkStore> fmt::Debug for Worker<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -720,10 +743,10 @@ where
     /// waiting out the poll. On shutdown it stops receiving, gives back what it fetched but
     /// did not start, lets in-flight jobs finish within the grace period and abandons the rest
     /// unacked (they are delivered again elsewhere).
-    pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()> + Send) {
+    pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()> + Send) -> Drained {
         let Some(pull) = self.pull.clone() else {
             tracing::error!(queue = %self.queue, "{NOTHING_TO_PULL}");
-            return;
+            return Drained::default();
         };
         self.shutting_down.send_replace(false);
         match self.groups.clone() {
@@ -738,11 +761,12 @@ where
         self: Arc<Self>,
         pull: Arc<dyn PullPort>,
         shutdown: impl Future<Output = ()> + Send,
-    ) {
+    ) -> Drained {
         let permits = Arc::new(Semaphore::new(self.config.concurrency));
         let mut in_flight = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
+            self.turned();
             while let Some(joined) = in_flight.try_join_next() {
                 self.reaped(joined);
             }
@@ -778,6 +802,8 @@ where
                     tokio::select! {
                         () = &mut shutdown => break,
                         Some(joined) = in_flight.join_next() => self.reaped(joined),
+                        // Turns while every slot is busy, for `Worker::stuck`.
+                        () = tokio::time::sleep(self.config.poll_interval) => {}
                     }
                     Idle::Busy
                 }
@@ -789,7 +815,7 @@ where
                 break;
             }
         }
-        self.drain(in_flight).await;
+        self.drain(in_flight).await
     }
 
     /// [`Worker::run`] grouped: up to `concurrency` groups at once, each in its own work
@@ -801,7 +827,7 @@ where
         pull: Arc<dyn PullPort>,
         groups: Arc<dyn Groups<S>>,
         shutdown: impl Future<Output = ()> + Send,
-    ) {
+    ) -> Drained {
         let size = self.config.group_size;
         let permits = Arc::new(Semaphore::new(self.config.concurrency));
         let mut in_flight = JoinSet::new();
@@ -816,7 +842,9 @@ where
         // attempt, so a process that a job crashes at once (an abort, an OOM) costs that job
         // an attempt and leaves its neighbours' alone.
         let mut most = 1;
+        let mut given_back = 0;
         loop {
+            self.turned();
             while let Some(joined) = in_flight.try_join_next() {
                 self.reaped(joined);
             }
@@ -866,7 +894,7 @@ where
                             let mut suspects = suspects.into_iter();
                             buffer.extend(fresh);
                             suspect = suspects.next();
-                            self.release(suspects).await;
+                            given_back += self.release(suspects).await;
                             most = most.saturating_mul(2).min(MAX_FETCH);
                         }
                         Err(e) => {
@@ -882,6 +910,8 @@ where
                 () = async { waiting.as_mut().expect("guarded").await }, if waiting.is_some() => {
                     waiting = None;
                 }
+                // Turns while every slot is busy, for `Worker::stuck`.
+                () = tokio::time::sleep(self.config.poll_interval) => {}
                 permit = permits.clone().acquire_owned(), if !buffer.is_empty() => {
                     let Ok(permit) = permit else { break };
                     let group = next_group(&mut buffer, size);
@@ -903,13 +933,16 @@ where
         buffer.extend(suspect);
         // A transport that does not answer keeps the rest; their leases expire.
         let grace = self.config.shutdown_grace;
-        if tokio::time::timeout(grace, self.release(buffer))
-            .await
-            .is_err()
-        {
-            tracing::warn!(queue = %self.queue, "could not give back every fetched job within the grace");
+        match tokio::time::timeout(grace, self.release(buffer)).await {
+            Ok(released) => given_back += released,
+            Err(_) => {
+                tracing::warn!(queue = %self.queue, "could not give back every fetched job within the grace");
+            }
         }
-        self.drain(in_flight).await;
+        Drained {
+            given_back,
+            ..self.drain(in_flight).await
+        }
     }
 
     /// One fetch of up to `limit` deliveries, lingering for more (up to a group) when the
@@ -979,13 +1012,52 @@ where
 
     /// Gives back deliveries fetched but never started, due now and with their attempt
     /// unspent; one that cannot be given back comes back when its lease expires.
-    async fn release(&self, deliveries: impl IntoIterator<Item = Delivery>) {
+    /// Says how many were given back.
+    async fn release(&self, deliveries: impl IntoIterator<Item = Delivery>) -> usize {
         let now = self.clock.now();
+        let mut released = 0;
         for delivery in deliveries {
-            if let Err(e) = self.settle.defer(&delivery.lease, now).await {
-                tracing::warn!(queue = %self.queue, error = %e, "could not give back a fetched job; it returns after its lease");
+            match self.settle.defer(&delivery.lease, now).await {
+                Ok(()) => released += 1,
+                Err(e) => {
+                    tracing::warn!(queue = %self.queue, error = %e, "could not give back a fetched job; it returns after its lease");
+                }
             }
         }
+        released
+    }
+
+    /// Records that the loop turned.
+    fn turned(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.turned_ms
+            .store(ms.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long the worker's loop has not turned, when that is longer than any of its own
+    /// waits explains (twice the poll interval, plus the longest time limit, plus 10 s): a
+    /// loop stuck on a call that does not return. `None` while it turns, and before
+    /// [`Worker::run`] first turned it. A process's health check fails on it.
+    pub fn stuck(&self) -> Option<Duration> {
+        let turned = self.turned_ms.load(std::sync::atomic::Ordering::Relaxed);
+        if turned == 0 {
+            return None;
+        }
+        let since = self
+            .born
+            .elapsed()
+            .saturating_sub(Duration::from_millis(turned));
+        let longest = self
+            .timeouts
+            .values()
+            .copied()
+            .chain([self.config.handler_timeout])
+            .max()
+            .unwrap_or_default();
+        let allowed = (self.config.poll_interval.saturating_mul(2))
+            .saturating_add(longest)
+            .saturating_add(STUCK_SLACK);
+        (since > allowed).then_some(since)
     }
 
     /// A finished task of the loop: one that panicked outside the handler's guard (in the
@@ -1002,8 +1074,9 @@ where
     /// Lets in-flight work finish within the shutdown grace, then abandons it. A quarter of
     /// the grace (at most 5 s) before the end, in-flight jobs' cancellations fire, so that
     /// handlers that heed them stop and are settled.
-    async fn drain(&self, mut in_flight: JoinSet<()>) {
+    async fn drain(&self, mut in_flight: JoinSet<()>) -> Drained {
         let grace = self.config.shutdown_grace;
+        let mut finished = 0;
         let notice = (grace / 4).min(SHUTDOWN_NOTICE);
         let drained = tokio::time::timeout(grace, async {
             let deadline = tokio::time::sleep(grace - notice);
@@ -1012,7 +1085,10 @@ where
             loop {
                 tokio::select! {
                     joined = in_flight.join_next() => match joined {
-                        Some(joined) => self.reaped(joined),
+                        Some(joined) => {
+                            self.reaped(joined);
+                            finished += 1;
+                        }
                         None => break,
                     },
                     () = &mut deadline, if !told => {
@@ -1023,13 +1099,19 @@ where
             }
         })
         .await;
+        let abandoned = in_flight.len();
         if drained.is_err() {
             tracing::warn!(
                 queue = %self.queue,
-                abandoned = in_flight.len(),
+                abandoned,
                 "shutdown grace elapsed; in-flight jobs left unacked for redelivery"
             );
             in_flight.shutdown().await;
+        }
+        Drained {
+            finished,
+            abandoned,
+            given_back: 0,
         }
     }
 

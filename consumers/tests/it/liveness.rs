@@ -557,3 +557,56 @@ async fn a_lease_or_time_limit_the_transport_cannot_hold_is_refused_by_name() {
     );
     assert!(build(minute_push, WorkerConfig::default(), Some(minute / 2)).is_ok());
 }
+
+/// A transport whose receive never answers (a connection that hangs without a timeout).
+struct HangingPull;
+
+#[async_trait]
+impl jobs_core::PullPort for HangingPull {
+    async fn receive(
+        &self,
+        _: &jobs_core::QueueName,
+        _: usize,
+        _: Duration,
+    ) -> Result<Vec<jobs_core::Delivery>, jobs_core::QueueError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loop_stuck_on_a_call_that_never_returns_is_reported_stuck() {
+    let h = Harness::new();
+    let turning = Arc::new(
+        h.builder()
+            .handler(KIND.parse().expect("valid"), Hangs)
+            .build()
+            .expect("valid"),
+    );
+    let stuck = Arc::new(
+        h.builder()
+            .handler(KIND.parse().expect("valid"), Hangs)
+            .pull(Arc::new(HangingPull))
+            .build()
+            .expect("valid"),
+    );
+    assert_eq!(stuck.stuck(), None, "not started");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    for worker in [&turning, &stuck] {
+        let mut stopped = stopped.clone();
+        tokio::spawn(worker.clone().run(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        (turning.stuck(), stuck.stuck()),
+        (None, None),
+        "within its waits"
+    );
+    // Past twice the poll interval, the longest time limit (60 s) and 10 s of slack.
+    tokio::time::sleep(Duration::from_secs(80)).await;
+    assert_eq!(turning.stuck(), None, "an idle loop turns at every poll");
+    let since = stuck.stuck().expect("the hung loop is stuck");
+    assert!(since >= Duration::from_secs(80), "{since:?}");
+    stop.send_replace(true);
+}

@@ -443,7 +443,12 @@ async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(leased().await, 11, "the running group and one group ahead");
     stop.send(()).expect("running");
-    running.await.expect("stops");
+    let drained = running.await.expect("stops");
+    assert_eq!(
+        (drained.given_back, drained.abandoned, drained.finished),
+        (10, 1, 0),
+        "what the worker says it left: {drained:?}"
+    );
     let (leased, given_back): (i64, i64) = sqlx::query_as(
         "select count(*) filter (where leased), \
                 count(*) filter (where not leased and deliveries = 0) \
