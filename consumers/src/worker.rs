@@ -11,9 +11,9 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use jobs_core::{
     Claim, Clock, ConsumerName, ConsumerPort, CorrelationId, DeadLetterId, DeadLetterStore,
-    DecodeLimits, Delivery, Envelope, GroupTransaction, JobId, Kind, LeaseLimits, NewDeadLetter,
-    PullPort, QueueError, QueueName, Recorded, SettleInTransaction, SettlePort, StoreError,
-    SystemClock, TenantId, WorkStore, WorkTransaction,
+    DecodeLimits, Delivery, Envelope, GroupTransaction, JobId, JobKind, Kind, LeaseLimits,
+    NewDeadLetter, PullPort, QueueError, QueueName, Recorded, SettleInTransaction, SettlePort,
+    StoreError, SystemClock, TenantId, WorkStore, WorkTransaction,
 };
 use serde_json::Value;
 use thiserror::Error;
@@ -99,6 +99,9 @@ pub enum WorkerError {
     /// Two handlers for one kind.
     #[error("kind `{0}` has two handlers")]
     DuplicateKind(Kind),
+    /// A [`JobKind::KIND`] given to [`WorkerBuilder::job`] is not a valid kind.
+    #[error("{0}")]
+    InvalidKind(String),
     /// A setting that cannot work (a worker with no concurrency, a lease too short to extend,
     /// a zero poll interval or time limit, a lease or a time limit longer than the transport
     /// can hold a delivery), named as in [`WorkerConfig`].
@@ -298,6 +301,8 @@ pub struct WorkerBuilder<S: WorkStore> {
     config: WorkerConfig,
     groups: Option<Arc<dyn Groups<S>>>,
     unknown_is_poison: bool,
+    /// Why a [`WorkerBuilder::job`] kind was refused.
+    invalid_kind: Option<String>,
 }
 
 impl<S: WorkStore> WorkerBuilder<S> {
@@ -311,6 +316,48 @@ impl<S: WorkStore> WorkerBuilder<S> {
         }
         self.handlers.insert(kind, Arc::new(Typed::new(handler)));
         self
+    }
+
+    /// Runs `handler` for the jobs of its data's kind ([`JobKind`]): the kind is named once,
+    /// on the data type, so a handler cannot be registered under a kind whose data it does not
+    /// take. An invalid [`JobKind::KIND`] is refused by [`build`](Self::build).
+    ///
+    /// ```compile_fail,E0271
+    /// # use jobs_consumers::{Handler, Job, JobError, WorkerBuilder};
+    /// # use jobs_core::JobKind;
+    /// # use serde::{Deserialize, Serialize};
+    /// #[derive(Serialize, Deserialize)]
+    /// struct InvoiceIssued { invoice: i64 }
+    /// impl JobKind for InvoiceIssued { const KIND: &'static str = "billing.invoice_issued"; }
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct ParcelShipped { parcel: i64 }
+    ///
+    /// struct ShipParcel;
+    /// #[async_trait::async_trait]
+    /// impl<Tx: Send + 'static> Handler<Tx> for ShipParcel {
+    ///     type Data = ParcelShipped;
+    ///     async fn handle(&self, _: Job<ParcelShipped>, _: &mut Tx) -> Result<(), JobError> { Ok(()) }
+    /// }
+    ///
+    /// fn wire<S: jobs_core::WorkStore>(builder: WorkerBuilder<S>) -> WorkerBuilder<S> where S::Tx: Send {
+    ///     // A handler of parcels for invoices: refused by the compiler, not found poison later.
+    ///     builder.job::<InvoiceIssued, _>(ShipParcel)
+    /// }
+    /// ```
+    pub fn job<J, H>(mut self, handler: H) -> Self
+    where
+        J: JobKind,
+        H: Handler<S::Tx, Data = J>,
+        S::Tx: Send,
+    {
+        match jobs_core::kind_of::<J>() {
+            Ok(kind) => self.handler(kind, handler),
+            Err(e) => {
+                self.invalid_kind.get_or_insert(e.to_string());
+                self
+            }
+        }
     }
 
     /// Lets handlers of `kind` run for `limit` instead of [`WorkerConfig::handler_timeout`].
@@ -330,6 +377,11 @@ impl<S: WorkStore> WorkerBuilder<S> {
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// The configuration as set so far, for a composition that sizes a pool from it.
+    pub fn settings(&self) -> &WorkerConfig {
+        &self.config
     }
 
     /// Raises (coalesced) alerts when jobs are dead-lettered.
@@ -467,6 +519,9 @@ impl<S: WorkStore> WorkerBuilder<S> {
 
     /// The worker, or why it makes no sense.
     pub fn build(self) -> Result<Worker<S>, WorkerError> {
+        if let Some(why) = self.invalid_kind {
+            return Err(WorkerError::InvalidKind(why));
+        }
         if self.handlers.is_empty() {
             return Err(WorkerError::NoHandlers(self.consumer));
         }
@@ -690,6 +745,7 @@ where
             config: WorkerConfig::default(),
             groups: None,
             unknown_is_poison: false,
+            invalid_kind: None,
         }
     }
 

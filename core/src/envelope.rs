@@ -138,6 +138,87 @@ impl Envelope {
     }
 }
 
+impl Envelope {
+    /// A new job of `J`'s kind carrying `data`, with a freshly minted [`JobId`]: the typed
+    /// way to publish, whose kind and data cannot disagree.
+    ///
+    /// ```
+    /// use jobs_core::{CorrelationId, Envelope, JobKind};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct InvoiceIssued {
+    ///     invoice: i64,
+    /// }
+    ///
+    /// impl JobKind for InvoiceIssued {
+    ///     const KIND: &'static str = "billing.invoice_issued";
+    /// }
+    ///
+    /// let tenant = "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90".parse()?;
+    /// let job = Envelope::of(tenant, CorrelationId::generate(), &InvoiceIssued { invoice: 42 })?;
+    /// assert_eq!(job.kind.as_str(), "billing.invoice_issued");
+    /// assert_eq!(job.data["invoice"], 42);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn of<J: JobKind>(
+        tenant_id: TenantId,
+        correlation_id: CorrelationId,
+        data: &J,
+    ) -> Result<Envelope, TypedError> {
+        let kind = kind_of::<J>()?;
+        let data = serde_json::to_value(data).map_err(|source| TypedError::Data {
+            kind: kind.clone(),
+            source,
+        })?;
+        Ok(Envelope::new(tenant_id, correlation_id, kind, data))
+    }
+}
+
+/// A job kind bound once to its data type: [`Envelope::of`] publishes it, and a worker
+/// registers its handler by the data type (`WorkerBuilder::job` in `jobs-consumers`), so a
+/// handler can never be registered under a kind whose data it does not take.
+pub trait JobKind: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The kind's name: a valid [`Kind`] (lowercase dotted segments, e.g.
+    /// `billing.invoice_issued`).
+    const KIND: &'static str;
+}
+
+/// The [`Kind`] of `J`, or why its [`JobKind::KIND`] is not a valid kind name.
+pub fn kind_of<J: JobKind>() -> Result<Kind, TypedError> {
+    J::KIND.parse().map_err(|source| TypedError::Kind {
+        name: J::KIND,
+        type_name: std::any::type_name::<J>(),
+        source,
+    })
+}
+
+/// Why typed data could not become an envelope.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TypedError {
+    /// The type's [`JobKind::KIND`] is not a valid kind name.
+    #[error("`{name}`, the JobKind::KIND of {type_name}, is not a valid kind: {source}")]
+    Kind {
+        /// The name.
+        name: &'static str,
+        /// The type that declared it.
+        type_name: &'static str,
+        /// Why it is refused.
+        #[source]
+        source: NameError,
+    },
+    /// The data did not serialise to JSON (a map with keys that are not strings, say).
+    #[error("the `data` of a `{kind}` job does not serialise to JSON: {source}")]
+    Data {
+        /// The job's kind.
+        kind: Kind,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Limits applied by [`Envelope::decode_with`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeLimits {

@@ -184,6 +184,27 @@ uuid_newtype!(
     parse_any
 );
 
+impl CorrelationId {
+    /// A fresh correlation id, for a job that starts a business operation (a version 7 UUID,
+    /// like a job id: the operation's ids sort by when it began).
+    ///
+    /// ```
+    /// use jobs_core::CorrelationId;
+    ///
+    /// assert_ne!(CorrelationId::generate(), CorrelationId::generate());
+    /// ```
+    pub fn generate() -> CorrelationId {
+        CorrelationId::from(JobId::generate())
+    }
+}
+
+/// A job that starts a business operation correlates with itself.
+impl From<JobId> for CorrelationId {
+    fn from(id: JobId) -> CorrelationId {
+        CorrelationId(id.0)
+    }
+}
+
 /// Bits of a version 7 UUID below the timestamp that are free for randomness (`rand_a` and
 /// `rand_b`, 12 + 62).
 const RANDOM_BITS: u32 = 74;

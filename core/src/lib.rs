@@ -44,7 +44,7 @@ pub use email::MockEmailProvider;
 pub use email::{Email, EmailError, EmailProvider};
 pub use envelope::{
     DEFAULT_MAX_ENVELOPE_BYTES, DataError, DecodeLimits, Envelope, EnvelopeError, Field, Issue,
-    Problem,
+    JobKind, Problem, TypedError, kind_of,
 };
 pub use error::ErrorClass;
 pub use id::{CorrelationId, JobId, TenantId, UUID_PATTERN, UUIDV7_PATTERN, UuidError};

@@ -286,6 +286,46 @@ pub const JOURNAL_DIR: Key = Key {
     about: "where bulk dead-letter runs keep their resumable journals",
 };
 
+/// Where a worker process serves `/healthz`, `/readyz` and `/metrics`.
+pub const HTTP_ADDR: Key = Key {
+    name: "http_addr",
+    flag: Some("--http-addr"),
+    env: "JOBS_HTTP_ADDR",
+    default: Some("127.0.0.1:9464"),
+    secret: false,
+    about: "where a worker process serves /healthz, /readyz and /metrics (0.0.0.0:9464 in a container)",
+};
+
+/// How a worker process writes its logs.
+pub const LOG_FORMAT: Key = Key {
+    name: "log_format",
+    flag: Some("--log-format"),
+    env: "JOBS_LOG_FORMAT",
+    default: Some("human"),
+    secret: false,
+    about: "log lines of a worker process: human or json (the filter is RUST_LOG, default info)",
+};
+
+/// How many jobs (or groups) each queue's worker runs at once in a worker process.
+pub const CONCURRENCY: Key = Key {
+    name: "concurrency",
+    flag: Some("--concurrency"),
+    env: "JOBS_CONCURRENCY",
+    default: Some("8"),
+    secret: false,
+    about: "jobs (groups, on the PostgreSQL queue) each queue's worker runs at once; sizes the pool",
+};
+
+/// How long a worker process lets in-flight jobs finish after a stop signal.
+pub const SHUTDOWN_GRACE: Key = Key {
+    name: "shutdown_grace",
+    flag: Some("--shutdown-grace"),
+    env: "JOBS_SHUTDOWN_GRACE",
+    default: Some("30s"),
+    secret: false,
+    about: "how long in-flight jobs may finish after SIGTERM (e.g. 30s, 2m, 500ms)",
+};
+
 /// Every configuration key, in the order `jobsctl config` prints them.
 pub const KEYS: &[Key] = &[
     DATABASE_URL,
@@ -308,6 +348,10 @@ pub const KEYS: &[Key] = &[
     QSTASH_NEXT_SIGNING_KEY,
     QUEUES,
     JOURNAL_DIR,
+    HTTP_ADDR,
+    LOG_FORMAT,
+    CONCURRENCY,
+    SHUTDOWN_GRACE,
 ];
 
 /// The queue URL schemes this build composes.
@@ -479,7 +523,7 @@ impl Config {
         self.file.as_deref()
     }
 
-    fn unsupported(&self, key: &Key, accepted: &'static [&'static str]) -> ComposeError {
+    pub(crate) fn unsupported(&self, key: &Key, accepted: &'static [&'static str]) -> ComposeError {
         let value = self.get(key).unwrap_or_default();
         ComposeError::Unsupported {
             key: key.describe(),

@@ -3,3 +3,4 @@
 
 pub mod compose;
 pub mod notify;
+pub mod process;

@@ -972,3 +972,85 @@ async fn a_pull_layer_fetches_and_the_transport_settles() {
     assert!(layer.fetches.load(std::sync::atomic::Ordering::SeqCst) > 0);
     assert_eq!(depth(&h).await, 0, "acked through the transport");
 }
+
+/// A kind bound to its data type once ([`jobs_core::JobKind`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct InvoiceIssued {
+    invoice: i64,
+}
+
+impl jobs_core::JobKind for InvoiceIssued {
+    const KIND: &'static str = "billing.invoice_issued";
+}
+
+/// Books the invoice in the work transaction.
+struct BookInvoice;
+
+#[async_trait::async_trait]
+impl jobs_consumers::Handler<jobs_adapter_memory::MemoryWorkTx> for BookInvoice {
+    type Data = InvoiceIssued;
+
+    async fn handle(
+        &self,
+        job: jobs_consumers::Job<InvoiceIssued>,
+        tx: &mut jobs_adapter_memory::MemoryWorkTx,
+    ) -> Result<(), JobError> {
+        tx.record_effect(format!("invoice {}", job.envelope.data.invoice));
+        Ok(())
+    }
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct BadlyNamed;
+
+impl jobs_core::JobKind for BadlyNamed {
+    const KIND: &'static str = "Not A Kind";
+}
+
+struct Nothing;
+
+#[async_trait::async_trait]
+impl jobs_consumers::Handler<jobs_adapter_memory::MemoryWorkTx> for Nothing {
+    type Data = BadlyNamed;
+
+    async fn handle(
+        &self,
+        _: jobs_consumers::Job<BadlyNamed>,
+        _: &mut jobs_adapter_memory::MemoryWorkTx,
+    ) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn typed_jobs_are_published_and_handled_by_their_data_type() {
+    let h = Harness::new();
+    let worker = h.builder().job(BookInvoice).build().expect("valid");
+    let tenant = "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90"
+        .parse()
+        .expect("a tenant");
+    let job = jobs_core::Envelope::of(
+        tenant,
+        jobs_core::CorrelationId::generate(),
+        &InvoiceIssued { invoice: 42 },
+    )
+    .expect("serialises");
+    h.queue
+        .publish(&h.name, &job, PublishOptions::default())
+        .await
+        .expect("publish");
+    assert_eq!(h.drain(&worker).await, [Outcome::Processed]);
+    assert_eq!(h.store.effects(), ["invoice 42"]);
+
+    let refused = h
+        .builder()
+        .job(Nothing)
+        .build()
+        .expect_err("an invalid kind");
+    assert!(
+        refused
+            .to_string()
+            .contains("`Not A Kind`, the JobKind::KIND of"),
+        "{refused}"
+    );
+}

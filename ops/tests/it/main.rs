@@ -15,3 +15,4 @@ mod publish;
 mod sqlite;
 mod transports;
 mod vercel;
+mod worker_process;

@@ -1,0 +1,926 @@
+//! The worker process: what a module binary runs to consume its queues in production.
+//!
+//! [`WorkerProcess`] takes its configuration the way `jobsctl` does ([`Config`]: flags the
+//! binary passes, then the environment, then `jobs.toml`, then defaults), opens the store
+//! its handlers are typed for ([`ProcessStore`]) with one connection pool sized for every
+//! queue's worker, runs them, and serves `/healthz`, `/readyz` and `/metrics` on
+//! [`HTTP_ADDR`]. SIGTERM or SIGINT stops it: `/readyz` answers 503 at once, fetching stops,
+//! in-flight jobs finish within [`SHUTDOWN_GRACE`], what was fetched and not started is given
+//! back, and [`WorkerProcess::run`] returns `Ok`. A second signal exits at once.
+//!
+//! ```no_run
+//! use async_trait::async_trait;
+//! use jobs_adapter_postgres::{PgStore, PgWorkTx};
+//! use jobs_consumers::{Handler, Job, JobError};
+//! use jobs_ops::process::WorkerProcess;
+//!
+//! struct Noop;
+//!
+//! #[async_trait]
+//! impl Handler<PgWorkTx> for Noop {
+//!     type Data = serde_json::Value;
+//!     async fn handle(&self, _: Job<serde_json::Value>, _: &mut PgWorkTx) -> Result<(), JobError> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn run() -> Result<(), jobs_ops::process::ProcessError> {
+//! WorkerProcess::<PgStore>::from_env()
+//!     .queue("billing.invoices", "billing.booker", |worker| {
+//!         worker.handler("billing.invoice_issued".parse().expect("a kind"), Noop)
+//!     })
+//!     .run()
+//!     .await
+//! # }
+//! ```
+//!
+//! ## Endpoints
+//!
+//! | path | 200 when | otherwise |
+//! |---|---|---|
+//! | `/healthz` | every worker's loop turns ([`Worker::stuck`]) and none has ended | 503, naming the stuck queues |
+//! | `/readyz` | the store and the queue answered the last check (every 5 s, in the background) and no stop was asked | 503, with the reason |
+//! | `/metrics` | always: the runtime's metrics in the Prometheus text format | |
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use futures_util::future::BoxFuture;
+use jobs_adapter_postgres::{PgQueue, PgStore};
+use jobs_adapter_sqlite::SqliteStore;
+use jobs_consumers::{CoalescingAlerter, Drained, Worker, WorkerBuilder, WorkerError};
+use jobs_core::{
+    ConsumerName, DeadLetterStore, NameError, QueueDepth, QueueName, QueuePort, SystemClock,
+    WorkStore,
+};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::compose::{
+    self, CONCURRENCY, ComposeError, Config, DATABASE_URL, HTTP_ADDR, Key, LOG_FORMAT, QUEUE_URL,
+    Queue, SHUTDOWN_GRACE, Source,
+};
+
+/// How often the background check behind `/readyz` asks the store and the queue.
+pub const READINESS_EVERY: Duration = Duration::from_secs(5);
+
+/// How long one readiness check may take before it counts as a failure.
+const READINESS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long coalesced dead-letter alerts are held before they go out.
+const ALERT_WINDOW: Duration = Duration::from_secs(60);
+
+/// Why a worker process could not start, or did not stop cleanly.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ProcessError {
+    /// The configuration is incomplete, malformed or names what this build cannot compose.
+    #[error(transparent)]
+    Config(#[from] ComposeError),
+    /// A queue or consumer name given to [`WorkerProcess::queue`] is not a valid name.
+    #[error("`{value}` is not a valid {what} name: {source}")]
+    Name {
+        /// `queue` or `consumer`.
+        what: &'static str,
+        /// The name given.
+        value: String,
+        /// Why it is refused.
+        #[source]
+        source: NameError,
+    },
+    /// [`WorkerProcess::queue`] was never called.
+    #[error("a worker process needs at least one queue (WorkerProcess::queue)")]
+    NoQueues,
+    /// A queue's worker cannot be built.
+    #[error("the worker of `{queue}`: {source}")]
+    Worker {
+        /// The queue.
+        queue: QueueName,
+        /// Why.
+        #[source]
+        source: WorkerError,
+    },
+    /// The HTTP address cannot be listened on.
+    #[error("listening on {addr} ({key}): {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// How it is set.
+        key: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A store a worker process can run handlers on: it opens itself and the transport its
+/// workers consume from the configuration. Implemented for [`PgStore`] and [`SqliteStore`].
+#[async_trait]
+pub trait ProcessStore: WorkStore + DeadLetterStore + Clone
+where
+    Self::Tx: Send,
+{
+    /// The engine, for messages (`PostgreSQL`).
+    const ENGINE: &'static str;
+
+    /// The [`DATABASE_URL`] schemes that name this store.
+    const SCHEMES: &'static [&'static str];
+
+    /// Opens the store named by [`DATABASE_URL`] (refusing one of another engine, naming the
+    /// key) with a pool of `connections`, and the transport its workers consume.
+    async fn open(config: &Config, connections: u32) -> Result<Opened<Self>, ProcessError>;
+}
+
+/// What [`ProcessStore::open`] opened.
+pub struct Opened<S: WorkStore> {
+    store: S,
+    /// What the workers consume, for the start line.
+    transport: String,
+    publisher: Arc<dyn QueuePort>,
+    depth: Option<Arc<dyn QueueDepth>>,
+    builder: Box<dyn Fn(ConsumerName, QueueName) -> WorkerBuilder<S> + Send + Sync>,
+    ping: Box<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>,
+}
+
+/// Refuses a [`DATABASE_URL`] of another engine than the handlers', naming the key.
+fn expect_engine<S: ProcessStore>(config: &Config) -> Result<&str, ProcessError>
+where
+    S::Tx: Send,
+{
+    let url = config.require(&DATABASE_URL)?;
+    let scheme = compose::scheme(url);
+    if S::SCHEMES.contains(&scheme) {
+        return Ok(url);
+    }
+    Err(ComposeError::Invalid {
+        key: DATABASE_URL.describe(),
+        message: format!(
+            "names a `{scheme}:` store, but this process's handlers run on {} ({})",
+            S::ENGINE,
+            S::SCHEMES
+                .iter()
+                .map(|s| format!("{s}://…"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+    .into())
+}
+
+/// The transport [`QUEUE_URL`] names, refusing one that only pushes.
+async fn pulled_queue(config: &Config) -> Result<Queue, ProcessError> {
+    let queue = Queue::connect(config).await?;
+    if queue.consumer.is_none() {
+        return Err(ComposeError::Invalid {
+            key: QUEUE_URL.describe(),
+            message: format!(
+                "`{}:` pushes its deliveries; a worker process consumes pull transports only",
+                queue.scheme
+            ),
+        }
+        .into());
+    }
+    if !queue.durable {
+        tracing::warn!(
+            queue_url = %queue.scheme,
+            "the queue lives in this process only: jobs left when it stops are lost"
+        );
+    }
+    Ok(queue)
+}
+
+/// Builders over a composed pull transport, per job.
+fn composed<S: ProcessStore>(
+    store: &S,
+    queue: &Queue,
+) -> Box<dyn Fn(ConsumerName, QueueName) -> WorkerBuilder<S> + Send + Sync>
+where
+    S::Tx: Send,
+{
+    let consumer = queue.consumer.clone().expect("a pull transport");
+    let store = Arc::new(store.clone());
+    Box::new(move |name, queue| {
+        Worker::builder(
+            name,
+            queue,
+            consumer.clone(),
+            store.clone(),
+            store.clone() as Arc<dyn DeadLetterStore>,
+        )
+    })
+}
+
+#[async_trait]
+impl ProcessStore for PgStore {
+    const ENGINE: &'static str = "PostgreSQL";
+    const SCHEMES: &'static [&'static str] = &["postgres", "postgresql"];
+
+    /// The PostgreSQL queue in the store's own database, on its pool, grouped
+    /// (`WorkerBuilder::grouped`), unless [`QUEUE_URL`] names another transport.
+    async fn open(config: &Config, connections: u32) -> Result<Opened<PgStore>, ProcessError> {
+        let url = expect_engine::<PgStore>(config)?;
+        let store = PgStore::connect_sized(url, connections)
+            .await
+            .map_err(ComposeError::Store)?;
+        let pool = store.pool().clone();
+        let ping = Box::new(move || {
+            let pool = pool.clone();
+            Box::pin(async move {
+                let migrated: Option<bool> = jobs_adapter_postgres::sqlx::query_scalar(
+                    "select to_regclass('core.processed_jobs') is not null",
+                )
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| format!("the store does not answer: {e}"))?;
+                match migrated {
+                    Some(true) => Ok(()),
+                    _ => Err("the store has no core schema: run `jobsctl migrate`".to_owned()),
+                }
+            }) as BoxFuture<'static, Result<(), String>>
+        });
+        let own_queue = config
+            .setting(&QUEUE_URL)
+            .is_none_or(|s| s.source == Source::Default);
+        if !own_queue {
+            let queue = pulled_queue(config).await?;
+            return Ok(Opened {
+                builder: composed(&store, &queue),
+                transport: format!("{}: (per job)", queue.scheme),
+                store,
+                publisher: queue.publisher.clone(),
+                depth: queue.depth.clone(),
+                ping,
+            });
+        }
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        match queue.is_migrated().await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(ComposeError::Queue(
+                    "that database has no core.jobs table: run `jobsctl migrate` on it first"
+                        .into(),
+                )
+                .into());
+            }
+            Err(e) => return Err(ComposeError::Queue(e.to_string()).into()),
+        }
+        let shared = Arc::new(store.clone());
+        let grouped = queue.clone();
+        Ok(Opened {
+            store,
+            transport: "the PostgreSQL queue in the store's database (grouped)".to_owned(),
+            publisher: queue.clone(),
+            depth: Some(queue.clone()),
+            builder: Box::new(move |name, queue_name| {
+                Worker::builder(
+                    name,
+                    queue_name,
+                    grouped.clone(),
+                    shared.clone(),
+                    shared.clone() as Arc<dyn DeadLetterStore>,
+                )
+                .grouped(grouped.clone())
+            }),
+            ping,
+        })
+    }
+}
+
+#[async_trait]
+impl ProcessStore for SqliteStore {
+    const ENGINE: &'static str = "SQLite";
+    const SCHEMES: &'static [&'static str] = &["sqlite"];
+
+    /// The transport [`QUEUE_URL`] names (SQLite holds no queue), per job.
+    async fn open(config: &Config, _connections: u32) -> Result<Opened<SqliteStore>, ProcessError> {
+        expect_engine::<SqliteStore>(config)?;
+        let compose::Store::Sqlite(store) = compose::Store::connect(config).await? else {
+            unreachable!("the scheme was checked");
+        };
+        let queue = pulled_queue(config).await?;
+        let pool = store.pool().clone();
+        Ok(Opened {
+            builder: composed(&store, &queue),
+            transport: format!("{}: (per job)", queue.scheme),
+            store,
+            publisher: queue.publisher.clone(),
+            depth: queue.depth.clone(),
+            ping: Box::new(move || {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    jobs_adapter_sqlite::sqlx::query("select 1")
+                        .execute(&pool)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| format!("the store does not answer: {e}"))
+                })
+            }),
+        })
+    }
+}
+
+/// One queue's worker, as [`WorkerProcess::queue`] was told.
+struct QueueSpec<S: WorkStore> {
+    queue: String,
+    consumer: String,
+    build: Box<dyn FnOnce(WorkerBuilder<S>) -> WorkerBuilder<S> + Send>,
+}
+
+/// A worker process over the store `S` its handlers are typed for: build it, name its queues
+/// and their handlers, and [`run`](WorkerProcess::run) it.
+pub struct WorkerProcess<S: ProcessStore>
+where
+    S::Tx: Send,
+{
+    config: Result<Config, ComposeError>,
+    queues: Vec<QueueSpec<S>>,
+}
+
+/// The settings a binary may offer as flags of its own command line, flattened with
+/// `#[command(flatten)]`; unset flags fall back to the environment, `jobs.toml` and the
+/// defaults, as for `jobsctl`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ProcessFlags {
+    /// The configuration file [env: JOBS_CONFIG] [default: ./jobs.toml when present].
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// The store [env: DATABASE_URL].
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// The queue transport [env: JOBS_QUEUE_URL] [default: the store's own, on PostgreSQL].
+    #[arg(long, value_name = "URL")]
+    pub queue_url: Option<String>,
+    /// Where /healthz, /readyz and /metrics are served [env: JOBS_HTTP_ADDR]
+    /// [default: 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR")]
+    pub http_addr: Option<String>,
+    /// Log lines: human or json [env: JOBS_LOG_FORMAT] [default: human].
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+    /// Jobs each queue's worker runs at once [env: JOBS_CONCURRENCY] [default: 8].
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<String>,
+    /// How long in-flight jobs may finish after a stop signal [env: JOBS_SHUTDOWN_GRACE]
+    /// [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub shutdown_grace: Option<String>,
+}
+
+impl ProcessFlags {
+    /// The configuration these flags resolve to in this process.
+    pub fn resolve(&self) -> Result<Config, ComposeError> {
+        let keys: [(&Key, &Option<String>); 6] = [
+            (&DATABASE_URL, &self.database_url),
+            (&QUEUE_URL, &self.queue_url),
+            (&HTTP_ADDR, &self.http_addr),
+            (&LOG_FORMAT, &self.log_format),
+            (&CONCURRENCY, &self.concurrency),
+            (&SHUTDOWN_GRACE, &self.shutdown_grace),
+        ];
+        let mut flags = BTreeMap::new();
+        for (key, value) in keys {
+            if let (Some(flag), Some(value)) = (key.flag, value) {
+                flags.insert(flag, value.clone());
+            }
+        }
+        Config::from_process(&flags, self.config.clone())
+    }
+}
+
+impl<S: ProcessStore> WorkerProcess<S>
+where
+    S::Tx: Send,
+{
+    /// Configured from this process's environment and `jobs.toml` (no flags).
+    pub fn from_env() -> Self {
+        Self::from_flags(&ProcessFlags::default())
+    }
+
+    /// Configured from `flags`, then the environment and `jobs.toml`.
+    pub fn from_flags(flags: &ProcessFlags) -> Self {
+        WorkerProcess {
+            config: flags.resolve(),
+            queues: vec![],
+        }
+    }
+
+    /// Configured by `config`.
+    pub fn with_config(config: Config) -> Self {
+        WorkerProcess {
+            config: Ok(config),
+            queues: vec![],
+        }
+    }
+
+    /// Consumes `queue` as `consumer`, with the handlers `build` registers on the worker's
+    /// builder (and any setting but the concurrency, which [`CONCURRENCY`] sets for the whole
+    /// process because it sizes the pool). Invalid names are reported by
+    /// [`start`](Self::start).
+    pub fn queue(
+        mut self,
+        queue: &str,
+        consumer: &str,
+        build: impl FnOnce(WorkerBuilder<S>) -> WorkerBuilder<S> + Send + 'static,
+    ) -> Self {
+        self.queues.push(QueueSpec {
+            queue: queue.to_owned(),
+            consumer: consumer.to_owned(),
+            build: Box::new(build),
+        });
+        self
+    }
+
+    /// Starts, then runs until SIGTERM or SIGINT and stops gracefully
+    /// ([`Running::until_signal`]).
+    pub async fn run(self) -> Result<(), ProcessError> {
+        self.start().await?.until_signal().await
+    }
+
+    /// Opens the store and the transport, builds every queue's worker, starts them and the
+    /// HTTP endpoints, and logs the effective configuration (secrets hidden).
+    pub async fn start(self) -> Result<Running<S>, ProcessError> {
+        let config = self.config?;
+        init_tracing(config.get(&LOG_FORMAT).unwrap_or("human"))?;
+        if self.queues.is_empty() {
+            return Err(ProcessError::NoQueues);
+        }
+        let concurrency = positive(&config, &CONCURRENCY)?;
+        let grace = duration(&config, &SHUTDOWN_GRACE)?;
+        let addr = socket_addr(&config)?;
+        let queues = u32::try_from(self.queues.len()).unwrap_or(u32::MAX);
+        // Each worker's jobs, its fetch and its settlements; one listener for the wake-ups.
+        let connections = u32::try_from(concurrency)
+            .unwrap_or(u32::MAX)
+            .saturating_add(2)
+            .saturating_mul(queues)
+            .saturating_add(1);
+        let opened = S::open(&config, connections).await?;
+        let alerts = CoalescingAlerter::new(
+            compose::alerter(&config)?,
+            Arc::new(SystemClock),
+            ALERT_WINDOW,
+        );
+        let mut workers = Vec::with_capacity(self.queues.len());
+        for spec in self.queues {
+            let queue: QueueName = spec.queue.parse().map_err(|source| ProcessError::Name {
+                what: "queue",
+                value: spec.queue.clone(),
+                source,
+            })?;
+            let consumer = ConsumerName::try_from(spec.consumer.as_str()).map_err(|source| {
+                ProcessError::Name {
+                    what: "consumer",
+                    value: spec.consumer.clone(),
+                    source,
+                }
+            })?;
+            let builder = (opened.builder)(consumer, queue.clone())
+                .concurrency(concurrency)
+                .shutdown_grace(grace)
+                .alerts(alerts.clone());
+            let builder = (spec.build)(builder);
+            if builder.settings().concurrency != concurrency {
+                return Err(ProcessError::Worker {
+                    queue,
+                    source: WorkerError::Config {
+                        field: "concurrency".to_owned(),
+                        value: builder.settings().concurrency.to_string(),
+                        why: format!(
+                            "a worker process sizes its pool from {}; set it there",
+                            CONCURRENCY.describe()
+                        ),
+                    },
+                });
+            }
+            let worker = builder.build().map_err(|source| ProcessError::Worker {
+                queue: queue.clone(),
+                source,
+            })?;
+            workers.push(Arc::new(worker));
+        }
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ProcessError::Listen {
+                addr,
+                key: HTTP_ADDR.describe(),
+                source,
+            })?;
+        let addr = listener.local_addr().unwrap_or(addr);
+        let (stop, stopped) = watch::channel(false);
+        let state = Arc::new(Probes {
+            workers: workers
+                .iter()
+                .map(|w| w.clone() as Arc<dyn Turning>)
+                .collect(),
+            ended: Mutex::default(),
+            stopping: AtomicBool::new(false),
+            readiness: Mutex::new(Err("not checked yet".to_owned())),
+            metrics: metrics_handle(),
+        });
+        let checks = tokio::spawn(check_readiness(
+            state.clone(),
+            opened.ping,
+            opened.depth.clone(),
+            workers[0].queue().clone(),
+            stopped.clone(),
+        ));
+        let server = tokio::spawn(serve(listener, state.clone(), stopped.clone()));
+        let mut running = Vec::with_capacity(workers.len());
+        for worker in &workers {
+            let mut stopped = stopped.clone();
+            let until = async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            };
+            let probes = state.clone();
+            let worker = worker.clone();
+            let queue = worker.queue().clone();
+            running.push((
+                queue.clone(),
+                tokio::spawn(async move {
+                    let drained = worker.run(until).await;
+                    probes.ended(&queue);
+                    drained
+                }),
+            ));
+        }
+        tracing::info!(
+            ?config,
+            store = S::ENGINE,
+            transport = %opened.transport,
+            queues = ?running.iter().map(|(q, _)| q.to_string()).collect::<Vec<_>>(),
+            concurrency,
+            connections,
+            http = %addr,
+            "worker process started"
+        );
+        Ok(Running {
+            addr,
+            publisher: opened.publisher,
+            stop,
+            probes: state,
+            workers: running,
+            server,
+            checks,
+            store: opened.store,
+        })
+    }
+}
+
+/// A started worker process.
+pub struct Running<S> {
+    addr: SocketAddr,
+    publisher: Arc<dyn QueuePort>,
+    stop: watch::Sender<bool>,
+    probes: Arc<Probes>,
+    workers: Vec<(QueueName, JoinHandle<Drained>)>,
+    server: JoinHandle<()>,
+    checks: JoinHandle<()>,
+    store: S,
+}
+
+impl<S> Running<S> {
+    /// The store, for the application's own queries (its schema, say) outside work
+    /// transactions.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Runs until SIGTERM or SIGINT, then stops gracefully ([`Running::stop`]); a second
+    /// signal while it drains exits the process at once (status 130).
+    pub async fn until_signal(self) -> Result<(), ProcessError> {
+        signalled().await;
+        tracing::info!("stop signal received; draining (a second signal exits at once)");
+        tokio::spawn(async {
+            signalled().await;
+            tracing::warn!("second stop signal: exiting at once");
+            std::process::exit(130);
+        });
+        self.stop().await;
+        Ok(())
+    }
+
+    /// Where `/healthz`, `/readyz` and `/metrics` are served (the port chosen, when
+    /// [`HTTP_ADDR`] asked for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Publishes to the process's transport.
+    pub fn publisher(&self) -> &Arc<dyn QueuePort> {
+        &self.publisher
+    }
+
+    /// Stops gracefully: `/readyz` answers 503 at once, the workers stop fetching, give back
+    /// what they fetched and did not start, and let in-flight jobs finish within the grace;
+    /// one line per queue says what was drained.
+    pub async fn stop(self) {
+        self.probes.stopping.store(true, Ordering::SeqCst);
+        self.stop.send_replace(true);
+        for (queue, worker) in self.workers {
+            match worker.await {
+                Ok(drained) => tracing::info!(
+                    %queue,
+                    finished = drained.finished,
+                    abandoned = drained.abandoned,
+                    given_back = drained.given_back,
+                    "worker stopped"
+                ),
+                Err(e) => tracing::error!(%queue, error = %e, "the worker's task failed"),
+            }
+        }
+        self.checks.abort();
+        let _ = self.server.await;
+        tracing::info!("worker process stopped");
+    }
+}
+
+/// A worker as the health check sees it, whatever its store.
+trait Turning: Send + Sync {
+    fn queue(&self) -> &QueueName;
+    fn stuck(&self) -> Option<Duration>;
+}
+
+impl<S: WorkStore> Turning for Worker<S>
+where
+    S::Tx: Send,
+{
+    fn queue(&self) -> &QueueName {
+        Worker::queue(self)
+    }
+
+    fn stuck(&self) -> Option<Duration> {
+        Worker::stuck(self)
+    }
+}
+
+/// What the endpoints report on.
+struct Probes {
+    workers: Vec<Arc<dyn Turning>>,
+    /// Queues whose worker's loop has ended.
+    ended: Mutex<Vec<QueueName>>,
+    stopping: AtomicBool,
+    /// The last readiness check.
+    readiness: Mutex<Result<(), String>>,
+    metrics: PrometheusHandle,
+}
+
+impl Probes {
+    fn ended(&self, queue: &QueueName) {
+        self.ended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(queue.clone());
+    }
+
+    /// `Ok` while every loop turns and none has ended before a stop.
+    fn health(&self) -> Result<(), String> {
+        let mut wrong: Vec<String> = self
+            .workers
+            .iter()
+            .filter_map(|w| {
+                w.stuck()
+                    .map(|since| format!("{}: its loop has not turned for {since:?}", w.queue()))
+            })
+            .collect();
+        if !self.stopping.load(Ordering::SeqCst) {
+            let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+            wrong.extend(ended.iter().map(|q| format!("{q}: its loop ended")));
+        }
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("; "))
+        }
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err("stopping".to_owned());
+        }
+        self.readiness
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Asks the store (and the queue, when it reports depth) every [`READINESS_EVERY`], so that
+/// probes read a cached answer and never hammer a vendor.
+async fn check_readiness(
+    probes: Arc<Probes>,
+    ping: Box<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>,
+    depth: Option<Arc<dyn QueueDepth>>,
+    queue: QueueName,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        let check = async {
+            ping().await?;
+            if let Some(depth) = &depth {
+                depth
+                    .depth(&queue)
+                    .await
+                    .map_err(|e| format!("the queue does not answer: {e}"))?;
+            }
+            Ok(())
+        };
+        let answer = tokio::time::timeout(READINESS_TIMEOUT, check)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {READINESS_TIMEOUT:?}")));
+        if let Err(why) = &answer {
+            tracing::warn!(%why, "not ready");
+        }
+        *probes
+            .readiness
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = answer;
+        tokio::select! {
+            () = tokio::time::sleep(READINESS_EVERY) => {}
+            _ = stopped.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+async fn serve(
+    listener: tokio::net::TcpListener,
+    probes: Arc<Probes>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(probes);
+    let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
+    if let Err(e) = served.await {
+        tracing::error!(error = %e, "the HTTP endpoints failed");
+    }
+}
+
+fn answer(result: Result<(), String>, ok: &'static str) -> (StatusCode, String) {
+    match result {
+        Ok(()) => (StatusCode::OK, format!("{ok}\n")),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    }
+}
+
+async fn healthz(State(probes): State<Arc<Probes>>) -> (StatusCode, String) {
+    answer(probes.health(), "alive")
+}
+
+async fn readyz(State(probes): State<Arc<Probes>>) -> (StatusCode, String) {
+    answer(probes.readiness(), "ready")
+}
+
+async fn metrics(
+    State(probes): State<Arc<Probes>>,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        probes.metrics.render(),
+    )
+}
+
+/// The process's Prometheus recorder: installed by the first worker process of the process,
+/// shared by any later one (a recorder is global).
+fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!(
+                    "another metrics recorder is installed; /metrics shows none of the runtime's"
+                );
+            }
+            handle
+        })
+        .clone()
+}
+
+/// `tracing` to standard error, as `format` ([`LOG_FORMAT`]) says, filtered by `RUST_LOG`
+/// (default `info`); left alone when the binary installed a subscriber of its own.
+fn init_tracing(format: &str) -> Result<(), ProcessError> {
+    use tracing_subscriber::EnvFilter;
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(filter());
+    let _ = match format {
+        "human" => builder.try_init(),
+        "json" => builder.json().try_init(),
+        other => {
+            return Err(ComposeError::Invalid {
+                key: LOG_FORMAT.describe(),
+                message: format!("`{other}` is neither human nor json"),
+            }
+            .into());
+        }
+    };
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn signalled() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = terminate => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// A positive whole number from `key`.
+fn positive(config: &Config, key: &Key) -> Result<usize, ProcessError> {
+    let value = config.require(key)?;
+    match value.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(ComposeError::Invalid {
+            key: key.describe(),
+            message: format!("`{value}` is not a whole number above zero"),
+        }
+        .into()),
+    }
+}
+
+/// A duration from `key`: a whole number with `ms`, `s`, `m` or `h`.
+fn duration(config: &Config, key: &Key) -> Result<Duration, ProcessError> {
+    let value = config.require(key)?;
+    parse_duration(value).ok_or_else(|| {
+        ComposeError::Invalid {
+            key: key.describe(),
+            message: format!("`{value}` is not a duration such as 500ms, 30s, 2m or 1h"),
+        }
+        .into()
+    })
+}
+
+/// `500ms`, `30s`, `2m` or `1h`, at most a day.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().ok()?;
+    let ms = match unit {
+        "ms" => n,
+        "s" => n.checked_mul(1_000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    (ms <= 86_400_000).then(|| Duration::from_millis(ms))
+}
+
+fn socket_addr(config: &Config) -> Result<SocketAddr, ProcessError> {
+    let value = config.require(&HTTP_ADDR)?;
+    value.parse().map_err(|_| {
+        ComposeError::Invalid {
+            key: HTTP_ADDR.describe(),
+            message: format!("`{value}` is not an address such as 127.0.0.1:9464"),
+        }
+        .into()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_a_unit_and_stay_within_a_day() {
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("24h"), Some(Duration::from_secs(86_400)));
+        for bad in ["", "30", "s", "25h", "1.5s", "-1s", "99999999999999999999s"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! The README's worker (`ops/examples/worker.rs`) as a user runs it: against PostgreSQL, its
+//! jobs processed exactly once, its endpoints answering, SIGTERM ending it with status 0 and
+//! nothing left leased; and the worker process's refusals at start.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use jobs_adapter_postgres::{PgStore, PgWorkTx, sqlx};
+use jobs_consumers::{Handler, Job, JobError};
+use jobs_ops::compose::{Config, ConfigFile};
+use jobs_ops::process::{ProcessError, WorkerProcess};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::pg::TestDb;
+
+/// The example's binary, built beside this test's (`cargo test` builds examples).
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    let debug = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/debug/deps");
+    let path = debug.join("examples").join(name);
+    assert!(path.exists(), "{} is built with the tests", path.display());
+    path
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `GET path` on `port`: the status and the body, or `None` while nothing answers.
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.ok()?;
+    let status = answer.split(' ').nth(1)?.parse().ok()?;
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// Polls `check` every 100 ms for up to 30 s.
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..300 {
+        if let Some(found) = check().await {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what}: not within 30 s");
+}
+
+/// Kills the child if the test fails before it exits.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_worker_processes_its_jobs_once_answers_probes_and_stops_on_sigterm() {
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    PgStore::from_pool(pool.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    let port = free_port();
+    let mut child = Reaped(
+        Command::new(example("worker"))
+            .env("DATABASE_URL", &db.url)
+            .env("JOBS_HTTP_ADDR", format!("127.0.0.1:{port}"))
+            .env("JOBS_CONFIG", "/dev/null")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the example starts"),
+    );
+
+    let booked = eventually("three invoices booked", async || {
+        let rows: Vec<i64> = sqlx::query_scalar("select invoice from booked_invoices order by 1")
+            .fetch_all(&pool)
+            .await
+            .ok()?;
+        (rows.len() >= 3).then_some(rows)
+    })
+    .await;
+    assert_eq!(booked, [1, 2, 3], "each job's effect exactly once");
+    let ready = eventually("/readyz", async || {
+        get(port, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    assert_eq!(ready.1, "ready\n");
+    assert_eq!(
+        get(port, "/healthz").await,
+        Some((200, "alive\n".to_owned()))
+    );
+    let (status, metrics) = get(port, "/metrics").await.expect("metrics answer");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains(
+            r#"jobs_processed_total{queue="billing.invoices",kind="billing.invoice_issued"} 3"#
+        ),
+        "{metrics}"
+    );
+
+    let pid = child.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(killed.expect("kill runs").success());
+    let exited = eventually("the process exits", async || child.0.try_wait().ok()?).await;
+    let mut log = String::new();
+    if let Some(mut stderr) = child.0.stderr.take() {
+        std::io::Read::read_to_string(&mut stderr, &mut log).expect("its log");
+    }
+    assert!(exited.success(), "exit status {exited}: {log}");
+    assert!(log.contains("worker process started"), "{log}");
+    assert!(log.contains("worker process stopped"), "{log}");
+    assert!(
+        log.contains("postgres://…") && !log.contains(&db.url),
+        "the start line shows the configuration with the URL hidden: {log}"
+    );
+    let (jobs, processed): (i64, i64) = sqlx::query_as(
+        "select (select count(*) from core.jobs), (select count(*) from core.processed_jobs)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(
+        (jobs, processed),
+        (0, 3),
+        "every job settled, none left leased"
+    );
+    pool.close().await;
+    db.drop_db().await;
+}
+
+struct Noop;
+
+#[async_trait::async_trait]
+impl Handler<PgWorkTx> for Noop {
+    type Data = serde_json::Value;
+
+    async fn handle(&self, _: Job<serde_json::Value>, _: &mut PgWorkTx) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+fn config(pairs: &[(&str, &str)]) -> Config {
+    let pairs: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let env = move |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    Config::resolve(&Default::default(), &env, &ConfigFile::None).expect("resolves")
+}
+
+#[tokio::test]
+async fn a_process_refuses_a_store_its_handlers_do_not_run_on_naming_the_key() {
+    let refused = WorkerProcess::<PgStore>::with_config(config(&[(
+        "DATABASE_URL",
+        "sqlite://.jobs/other.db",
+    )]))
+    .queue("billing.invoices", "billing.booker", |w| {
+        w.handler("billing.invoice_issued".parse().expect("a kind"), Noop)
+    })
+    .start()
+    .await
+    .err()
+    .expect("refused");
+    let message = refused.to_string();
+    assert!(
+        message.starts_with("--database-url (DATABASE_URL, database_url in jobs.toml): names a `sqlite:` store, but this process's handlers run on PostgreSQL"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_process_refuses_settings_that_cannot_work_by_name() {
+    let db = TestDb::create().await;
+    let cases: [(&str, &str, &str); 4] = [
+        ("JOBS_CONCURRENCY", "0", "--concurrency (JOBS_CONCURRENCY"),
+        (
+            "JOBS_SHUTDOWN_GRACE",
+            "soon",
+            "--shutdown-grace (JOBS_SHUTDOWN_GRACE",
+        ),
+        (
+            "JOBS_HTTP_ADDR",
+            "everywhere",
+            "--http-addr (JOBS_HTTP_ADDR",
+        ),
+        ("JOBS_LOG_FORMAT", "xml", "--log-format (JOBS_LOG_FORMAT"),
+    ];
+    for (env, value, named) in cases {
+        let refused = WorkerProcess::<PgStore>::with_config(config(&[
+            ("DATABASE_URL", &db.url),
+            (env, value),
+        ]))
+        .queue("billing.invoices", "billing.booker", |w| {
+            w.handler("billing.invoice_issued".parse().expect("a kind"), Noop)
+        })
+        .start()
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{env}={value} accepted"));
+        assert!(refused.to_string().starts_with(named), "{env}: {refused}");
+    }
+    let unmigrated = WorkerProcess::<PgStore>::with_config(config(&[("DATABASE_URL", &db.url)]))
+        .queue("billing.invoices", "billing.booker", |w| {
+            w.handler("billing.invoice_issued".parse().expect("a kind"), Noop)
+        })
+        .start()
+        .await
+        .err()
+        .expect("no schema");
+    assert!(
+        unmigrated.to_string().contains("run `jobsctl migrate`"),
+        "{unmigrated}"
+    );
+    let nothing = WorkerProcess::<PgStore>::with_config(config(&[("DATABASE_URL", &db.url)]))
+        .start()
+        .await
+        .err()
+        .expect("no queues");
+    assert!(matches!(nothing, ProcessError::NoQueues), "{nothing}");
+    db.drop_db().await;
+}
+
+/// The workspace's root, where README.md is.
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("ops/ is in the workspace")
+        .to_owned()
+}
+
+#[test]
+fn the_readme_shows_the_example_as_it_is_and_lists_every_metric_the_runtime_emits() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let example =
+        std::fs::read_to_string(root().join("ops/examples/worker.rs")).expect("the example");
+    assert!(
+        readme.contains(&format!("```rust,ignore\n{example}```")),
+        "README's \"Write a worker\" is not ops/examples/worker.rs as it is"
+    );
+    let code_lines = example
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("//"))
+        .count();
+    assert!(
+        code_lines <= 40,
+        "the example has {code_lines} lines of code"
+    );
+
+    let metric = regex::Regex::new(r#""(jobs_[a-z_]+_(?:total|seconds))""#).expect("a regex");
+    let sources = std::fs::read_dir(root().join("consumers/src")).expect("consumers/src");
+    for source in sources {
+        let path = source.expect("an entry").path();
+        let text = std::fs::read_to_string(&path).expect("a source file");
+        for name in metric.captures_iter(&text) {
+            let row = format!("| `{}` |", &name[1]);
+            assert!(
+                readme.contains(&row),
+                "{} ({}) is not in the README",
+                &name[1],
+                path.display()
+            );
+        }
+    }
+}
