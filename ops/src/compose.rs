@@ -31,13 +31,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+#[cfg(feature = "betterstack")]
 use jobs_adapter_betterstack::{BetterStackAlerter, BetterStackConfig, BetterStackError};
 use jobs_adapter_memory::{MemoryQueue, MemoryRateLimiter};
+#[cfg(feature = "postgres")]
 use jobs_adapter_postgres::{PgQueue, PgStore};
+#[cfg(feature = "qstash")]
 use jobs_adapter_qstash::{Destination, QStashConfig, QStashQueue, SigningKeys};
-use jobs_adapter_redis::{CountedQueue, DEFAULT_HORIZON, RedisRateLimiter};
+#[cfg(feature = "redis")]
+use jobs_adapter_redis::RedisRateLimiter;
+#[cfg(all(feature = "redis", feature = "vercel-queues"))]
+use jobs_adapter_redis::{CountedQueue, DEFAULT_HORIZON};
+#[cfg(feature = "sqlite")]
 use jobs_adapter_sqlite::SqliteStore;
+#[cfg(feature = "vercel-queues")]
 use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueuesConfig};
+#[cfg(feature = "postgres")]
 use jobs_consumers::WorkerConfig;
 use jobs_core::{
     Alert, AlertError, Alerter, ConsumerPort, DeadLetterStore, ProcessedJobs, QueueDepth,
@@ -161,7 +170,8 @@ pub const BETTERSTACK_BASE_URL: Key = Key {
     name: "betterstack.base_url",
     flag: None,
     env: "BETTERSTACK_BASE_URL",
-    default: Some(jobs_adapter_betterstack::DEFAULT_BASE_URL),
+    // jobs_adapter_betterstack::DEFAULT_BASE_URL, which a build without the adapter lacks.
+    default: Some("https://uptime.betterstack.com"),
     secret: false,
     about: "BetterStack's API base URL (a local fake in tests)",
 };
@@ -201,7 +211,8 @@ pub const VERCEL_QUEUES_CONSUMER_GROUP: Key = Key {
     name: "vercel_queues.consumer_group",
     flag: None,
     env: "VERCEL_QUEUES_CONSUMER_GROUP",
-    default: Some(jobs_adapter_vercel_queues::DEFAULT_CONSUMER_GROUP),
+    // jobs_adapter_vercel_queues::DEFAULT_CONSUMER_GROUP, which a build without it lacks.
+    default: Some("workers"),
     secret: false,
     about: "the Vercel Queues consumer group workers receive as",
 };
@@ -354,19 +365,39 @@ pub const KEYS: &[Key] = &[
     SHUTDOWN_GRACE,
 ];
 
-/// The queue URL schemes this build composes.
+/// The queue URL schemes this build composes (the adapters' cargo features choose them).
 pub const QUEUE_SCHEMES: &[&str] = &[
     "memory:",
+    #[cfg(feature = "postgres")]
     "postgres-queue://…",
+    #[cfg(feature = "vercel-queues")]
     "vercel-queues://REGION",
+    #[cfg(feature = "qstash")]
     "qstash://[REGION]",
 ];
 /// The store URL schemes this build composes.
-pub const STORE_SCHEMES: &[&str] = &["sqlite://PATH", "postgres://…", "postgresql://…"];
+pub const STORE_SCHEMES: &[&str] = &[
+    #[cfg(feature = "sqlite")]
+    "sqlite://PATH",
+    #[cfg(feature = "postgres")]
+    "postgres://…",
+    #[cfg(feature = "postgres")]
+    "postgresql://…",
+];
 /// The rate limiter URL schemes this build composes.
-pub const RATE_LIMIT_SCHEMES: &[&str] = &["memory:", "redis://…", "rediss://…"];
+pub const RATE_LIMIT_SCHEMES: &[&str] = &[
+    "memory:",
+    #[cfg(feature = "redis")]
+    "redis://…",
+    #[cfg(feature = "redis")]
+    "rediss://…",
+];
 /// The alerters this build composes.
-pub const ALERTERS: &[&str] = &["console", "betterstack"];
+pub const ALERTERS: &[&str] = &[
+    "console",
+    #[cfg(feature = "betterstack")]
+    "betterstack",
+];
 
 /// The environment variable naming the configuration file.
 pub const CONFIG_ENV: &str = "JOBS_CONFIG";
@@ -638,6 +669,7 @@ pub enum ComposeError {
     #[error("opening the queue: {0}")]
     Queue(String),
     /// The BetterStack alerter refused its configuration.
+    #[cfg(feature = "betterstack")]
     #[error("configuring the BetterStack alerter: {0}")]
     BetterStack(#[source] BetterStackError),
 }
@@ -654,8 +686,10 @@ impl ComposeError {
 #[non_exhaustive]
 pub enum Store {
     /// `sqlite://PATH`.
+    #[cfg(feature = "sqlite")]
     Sqlite(SqliteStore),
     /// `postgres://…`.
+    #[cfg(feature = "postgres")]
     Postgres(PgStore),
 }
 
@@ -664,6 +698,7 @@ impl Store {
     pub async fn connect(config: &Config) -> Result<Store, ComposeError> {
         let url = config.require(&DATABASE_URL)?;
         match scheme(url) {
+            #[cfg(feature = "sqlite")]
             "sqlite" => {
                 let path = url
                     .strip_prefix("sqlite://")
@@ -680,6 +715,7 @@ impl Store {
                 let store = SqliteStore::open(path).await.map_err(ComposeError::Store)?;
                 Ok(Store::Sqlite(store))
             }
+            #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => {
                 let store = PgStore::connect(url).await.map_err(ComposeError::Store)?;
                 Ok(Store::Postgres(store))
@@ -691,7 +727,9 @@ impl Store {
     /// Applies the store's migrations; idempotent.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => s.migrate().await,
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => s.migrate().await,
         }
     }
@@ -699,7 +737,9 @@ impl Store {
     /// The dead-letter port.
     pub fn dead_letters(&self) -> Arc<dyn DeadLetterStore> {
         match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => Arc::new(s.clone()),
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => Arc::new(s.clone()),
         }
     }
@@ -707,17 +747,23 @@ impl Store {
     /// The processed-jobs housekeeping port.
     pub fn processed(&self) -> Arc<dyn ProcessedJobs> {
         match self {
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => Arc::new(s.clone()),
+            #[cfg(feature = "postgres")]
             Store::Postgres(s) => Arc::new(s.clone()),
         }
     }
 }
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!("jobs-ops composes a store: enable its `postgres` or `sqlite` feature");
 
 /// The store and queue of a grouped PostgreSQL worker (`WorkerBuilder::grouped`): the
 /// PostgreSQL queue in [`DATABASE_URL`]'s own database, on the store's pool, sized for
 /// `worker` ([`WorkerConfig::connections`]: one connection per concurrent group, plus
 /// fetching, settlements outside a transaction and the wake-up listener). The schema must be
 /// migrated (`jobsctl migrate`).
+#[cfg(feature = "postgres")]
 pub async fn postgres_worker(
     config: &Config,
     worker: &WorkerConfig,
@@ -775,22 +821,31 @@ impl Queue {
                 let memory = MemoryQueue::new(Arc::new(SystemClock));
                 Ok(Queue::pull(scheme_of_url, memory, false))
             }
+            #[cfg(feature = "postgres")]
             "postgres-queue" | "postgresql-queue" => {
                 Ok(Queue::pull(scheme_of_url, pg_queue(url).await?, true))
             }
+            #[cfg(feature = "vercel-queues")]
             "vercel-queues" => {
                 let vercel = vercel_queues(config, url)?;
-                match counted(config, &vercel)? {
-                    Some(counted) => Ok(Queue::pull(scheme_of_url, counted, true)),
-                    None => Ok(Queue {
-                        scheme: scheme_of_url.to_owned(),
-                        publisher: Arc::new(vercel.clone()),
-                        consumer: Some(Arc::new(vercel)),
-                        depth: None,
-                        durable: true,
-                    }),
+                #[cfg(feature = "redis")]
+                if let Some(counted) = counted(config, &vercel)? {
+                    return Ok(Queue::pull(scheme_of_url, counted, true));
                 }
+                // Counting needs Redis, which this build does not compose.
+                #[cfg(not(feature = "redis"))]
+                if config.get(&DEPTH_URL).is_some() {
+                    return Err(config.unsupported(&DEPTH_URL, &[]));
+                }
+                Ok(Queue {
+                    scheme: scheme_of_url.to_owned(),
+                    publisher: Arc::new(vercel.clone()),
+                    consumer: Some(Arc::new(vercel)),
+                    depth: None,
+                    durable: true,
+                })
             }
+            #[cfg(feature = "qstash")]
             "qstash" => {
                 let qstash = qstash(config, url)?;
                 Ok(Queue {
@@ -823,6 +878,7 @@ impl Queue {
 }
 
 /// What follows `scheme://` in `url`, refusing any other shape.
+#[cfg(any(feature = "postgres", feature = "vercel-queues"))]
 fn authority<'u>(url: &'u str, scheme: &str, shape: &str) -> Result<&'u str, ComposeError> {
     url.strip_prefix(scheme)
         .and_then(|rest| rest.strip_prefix("://"))
@@ -834,6 +890,7 @@ fn authority<'u>(url: &'u str, scheme: &str, shape: &str) -> Result<&'u str, Com
 
 /// `postgres-queue://…`: the PostgreSQL queue over `core.jobs` of the database the rest of the
 /// URL names. Its table comes with the store's migrations (`jobsctl migrate` on that URL).
+#[cfg(feature = "postgres")]
 async fn pg_queue(url: &str) -> Result<PgQueue, ComposeError> {
     let shape = "postgres-queue://USER@HOST:PORT/DB";
     let rest = authority(url, "postgres-queue", shape)
@@ -856,6 +913,7 @@ async fn pg_queue(url: &str) -> Result<PgQueue, ComposeError> {
 /// `transport` counted in the Redis [`DEPTH_URL`] names (keys `jobs:depth:<queue>`), or
 /// `None` when it is not set. Publishers and workers must all go through the count for it to
 /// hold; a count that misses an ack is repaired after [`DEFAULT_HORIZON`].
+#[cfg(all(feature = "vercel-queues", feature = "redis"))]
 fn counted(
     config: &Config,
     transport: &VercelQueues,
@@ -881,6 +939,7 @@ fn counted(
 }
 
 /// `vercel-queues://REGION`, the token from [`VERCEL_QUEUES_TOKEN`].
+#[cfg(feature = "vercel-queues")]
 fn vercel_queues(config: &Config, url: &str) -> Result<VercelQueues, ComposeError> {
     let invalid = |key: &Key, e: &dyn fmt::Display| ComposeError::Invalid {
         key: key.describe(),
@@ -909,6 +968,7 @@ fn vercel_queues(config: &Config, url: &str) -> Result<VercelQueues, ComposeErro
 
 /// `qstash:` (the global endpoint) or `qstash://REGION` (`eu-central-1`, `us-east-1`), the
 /// token from [`QSTASH_TOKEN`], every queue delivered to [`QSTASH_DESTINATION`].
+#[cfg(feature = "qstash")]
 fn qstash(config: &Config, url: &str) -> Result<QStashQueue, ComposeError> {
     let invalid = |key: &Key, message: String| ComposeError::Invalid {
         key: key.describe(),
@@ -941,6 +1001,7 @@ fn qstash(config: &Config, url: &str) -> Result<QStashQueue, ComposeError> {
 
 /// The keys QStash signs deliveries with, from [`QSTASH_CURRENT_SIGNING_KEY`] and
 /// [`QSTASH_NEXT_SIGNING_KEY`]; both are needed, as a rotation may be under way.
+#[cfg(feature = "qstash")]
 pub fn qstash_signing_keys(config: &Config) -> Result<SigningKeys, ComposeError> {
     Ok(SigningKeys::new(
         config.require(&QSTASH_CURRENT_SIGNING_KEY)?,
@@ -953,6 +1014,7 @@ pub fn rate_limiter(config: &Config) -> Result<Arc<dyn RateLimiter>, ComposeErro
     let url = config.require(&RATE_LIMIT_URL)?;
     match scheme(url) {
         "memory" => Ok(Arc::new(MemoryRateLimiter::new(Arc::new(SystemClock)))),
+        #[cfg(feature = "redis")]
         "redis" | "rediss" => {
             let prefix = config.require(&RATE_LIMIT_PREFIX)?;
             let limiter =
@@ -970,6 +1032,7 @@ pub fn rate_limiter(config: &Config) -> Result<Arc<dyn RateLimiter>, ComposeErro
 pub fn alerter(config: &Config) -> Result<Arc<dyn Alerter>, ComposeError> {
     match config.require(&ALERTER)? {
         "console" => Ok(Arc::new(ConsoleAlerter)),
+        #[cfg(feature = "betterstack")]
         "betterstack" => {
             let settings = BetterStackConfig::new(
                 config.require(&BETTERSTACK_TOKEN)?,
@@ -1010,9 +1073,21 @@ impl Alerter for ConsoleAlerter {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "jobsctl"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defaults_copied_from_adapters_match_them() {
+        assert_eq!(
+            BETTERSTACK_BASE_URL.default,
+            Some(jobs_adapter_betterstack::DEFAULT_BASE_URL)
+        );
+        assert_eq!(
+            VERCEL_QUEUES_CONSUMER_GROUP.default,
+            Some(jobs_adapter_vercel_queues::DEFAULT_CONSUMER_GROUP)
+        );
+    }
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: BTreeMap<String, String> = pairs

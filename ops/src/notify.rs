@@ -79,7 +79,7 @@ pub fn email_handler(
     Throttled::new(SendEmails::new(sender), limiter, buckets).clock(clock)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "resend"))]
 mod tests {
     //! The sender through the real worker runtime, the Resend adapter and the Resend fake, on
     //! the in-memory queue, store and limiter sharing one manual clock.

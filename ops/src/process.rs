@@ -55,7 +55,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use futures_util::future::BoxFuture;
+#[cfg(feature = "postgres")]
 use jobs_adapter_postgres::{PgQueue, PgStore};
+#[cfg(feature = "sqlite")]
 use jobs_adapter_sqlite::SqliteStore;
 use jobs_consumers::{CoalescingAlerter, Drained, Worker, WorkerBuilder, WorkerError};
 use jobs_core::{
@@ -69,7 +71,7 @@ use tokio::task::JoinHandle;
 
 use crate::compose::{
     self, CONCURRENCY, ComposeError, Config, DATABASE_URL, HTTP_ADDR, Key, LOG_FORMAT, QUEUE_URL,
-    Queue, SHUTDOWN_GRACE, Source,
+    Queue, SHUTDOWN_GRACE,
 };
 
 /// How often the background check behind `/readyz` asks the store and the queue.
@@ -125,7 +127,8 @@ pub enum ProcessError {
 }
 
 /// A store a worker process can run handlers on: it opens itself and the transport its
-/// workers consume from the configuration. Implemented for [`PgStore`] and [`SqliteStore`].
+/// workers consume from the configuration. Implemented for `PgStore` (feature `postgres`)
+/// and `SqliteStore` (feature `sqlite`).
 #[async_trait]
 pub trait ProcessStore: WorkStore + DeadLetterStore + Clone
 where
@@ -221,6 +224,7 @@ where
     })
 }
 
+#[cfg(feature = "postgres")]
 #[async_trait]
 impl ProcessStore for PgStore {
     const ENGINE: &'static str = "PostgreSQL";
@@ -251,7 +255,7 @@ impl ProcessStore for PgStore {
         });
         let own_queue = config
             .setting(&QUEUE_URL)
-            .is_none_or(|s| s.source == Source::Default);
+            .is_none_or(|s| s.source == compose::Source::Default);
         if !own_queue {
             let queue = pulled_queue(config).await?;
             return Ok(Opened {
@@ -297,6 +301,7 @@ impl ProcessStore for PgStore {
     }
 }
 
+#[cfg(feature = "sqlite")]
 #[async_trait]
 impl ProcessStore for SqliteStore {
     const ENGINE: &'static str = "SQLite";
@@ -305,6 +310,8 @@ impl ProcessStore for SqliteStore {
     /// The transport [`QUEUE_URL`] names (SQLite holds no queue), per job.
     async fn open(config: &Config, _connections: u32) -> Result<Opened<SqliteStore>, ProcessError> {
         expect_engine::<SqliteStore>(config)?;
+        // Irrefutable in a build that composes no other store.
+        #[allow(irrefutable_let_patterns)]
         let compose::Store::Sqlite(store) = compose::Store::connect(config).await? else {
             unreachable!("the scheme was checked");
         };

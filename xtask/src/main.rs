@@ -4,6 +4,7 @@
 mod adr;
 mod deps;
 mod emulators;
+mod packaging;
 mod services;
 mod workspace;
 
@@ -18,7 +19,8 @@ const USAGE: &str = "\
 Usage: cargo xtask <command>
 
 Commands:
-  ci      run every CI check in order: fmt, deps, adr, services, emulators, clippy, schema, test, doc
+  ci      run every CI check in order: fmt, deps, adr, packaging, services, emulators, clippy,
+          schema, features, test, doc
   schema  regenerate the committed JSON schema of jobs-core from the code
   emulators
           install the vendors' emulators the tests run (Vercel Queues) into .venv
@@ -204,6 +206,9 @@ fn plan(nextest: bool) -> Vec<Step> {
         check("adr", |root| {
             Ok(adr::violations(&workspace::load(root)?, &adr::load(root)?))
         }),
+        check("packaging", |root| {
+            packaging::problems(root, &workspace::load(root)?)
+        }),
         check("services", |_| {
             Ok(services::problems(services::SERVICES, |key| {
                 std::env::var(key).ok()
@@ -223,6 +228,22 @@ fn plan(nextest: bool) -> Vec<Step> {
             ])],
         ),
         run("schema", &[SCHEMA_CHECK]),
+        // The library a module binary links, with one adapter: it must build on its own.
+        run(
+            "features",
+            &[Cmd::new(&[
+                "clippy",
+                "--package",
+                "jobs-ops",
+                "--lib",
+                "--no-default-features",
+                "--features",
+                "postgres",
+                "--",
+                "-D",
+                "warnings",
+            ])],
+        ),
         run(
             "test",
             &[
@@ -424,10 +445,12 @@ mod tests {
                 "fmt",
                 "deps",
                 "adr",
+                "packaging",
                 "services",
                 "emulators",
                 "clippy",
                 "schema",
+                "features",
                 "test",
                 "doc"
             ]
