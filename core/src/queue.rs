@@ -461,6 +461,12 @@ impl Depth {
 pub trait QueueDepth: Send + Sync {
     /// The depth of `queue` now (zero for a queue never used).
     async fn depth(&self, queue: &QueueName) -> Result<Depth, QueueError>;
+
+    /// The queues that hold messages now, for an operator's overview; `None` when the
+    /// transport cannot list them (the default).
+    async fn queues(&self) -> Result<Option<Vec<QueueName>>, QueueError> {
+        Ok(None)
+    }
 }
 
 /// A failure of a queue port.

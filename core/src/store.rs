@@ -12,7 +12,6 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use thiserror::Error;
 
 use crate::error::ErrorClass;
 use crate::id::{CorrelationId, JobId, TenantId};
@@ -351,41 +350,63 @@ pub trait DeadLetterStore: Send + Sync {
     ) -> Result<Transition, StoreError>;
 }
 
-/// A store failure.
-#[derive(Debug, Error)]
+/// A store failure, by its portable kind: what a caller can act on whatever the engine.
+///
+/// Its message already carries the engine's error, so [`std::error::Error::source`] returns
+/// nothing and a printed chain says it once; the engine's error stays in `source` for
+/// callers that inspect it.
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached or failed transiently (connection, timeout, the server
     /// shutting down): the same operation may succeed later.
-    #[error("store unavailable: {message}")]
     Unavailable {
-        /// What failed.
+        /// What failed, with the engine's error.
         message: String,
         /// The engine's error.
-        #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The transaction lost a conflict with a concurrent one (a deadlock, a serialization
     /// failure) and was aborted: running it again from the start may succeed.
-    #[error("store conflict: {message}")]
     Conflict {
-        /// What failed.
+        /// What failed, with the engine's error.
         message: String,
         /// The engine's error.
-        #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
-    /// The store refused the operation and will refuse it again (constraint, schema missing,
-    /// corrupt row).
-    #[error("store operation failed: {message}")]
-    Failed {
-        /// What failed.
+    /// The store's schema is missing or behind this build (a table or column that does not
+    /// exist): `jobsctl migrate` fixes it; retrying does not.
+    SchemaMissing {
+        /// What failed, with the engine's error.
         message: String,
         /// The engine's error.
-        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The store refused the operation and will refuse it again (constraint, corrupt row).
+    Failed {
+        /// What failed, with the engine's error.
+        message: String,
+        /// The engine's error.
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
 }
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Unavailable { message, .. } => write!(f, "store unavailable: {message}"),
+            StoreError::Conflict { message, .. } => write!(f, "store conflict: {message}"),
+            StoreError::SchemaMissing { message, .. } => write!(
+                f,
+                "the store's schema is missing or behind: {message} (run `jobsctl migrate`)"
+            ),
+            StoreError::Failed { message, .. } => write!(f, "store operation failed: {message}"),
+        }
+    }
+}
+
+/// No source: the message carries it (see [`StoreError`]).
+impl std::error::Error for StoreError {}
 
 impl StoreError {
     /// A transient failure with a message.
@@ -404,11 +425,21 @@ impl StoreError {
         }
     }
 
+    /// The engine's error, when there is one, for callers that inspect it.
+    pub fn engine_error(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            StoreError::Unavailable { source, .. }
+            | StoreError::Conflict { source, .. }
+            | StoreError::SchemaMissing { source, .. }
+            | StoreError::Failed { source, .. } => source.as_deref(),
+        }
+    }
+
     /// Whether the same operation may succeed later.
     pub fn class(&self) -> ErrorClass {
         match self {
             StoreError::Unavailable { .. } | StoreError::Conflict { .. } => ErrorClass::Retryable,
-            StoreError::Failed { .. } => ErrorClass::Permanent,
+            StoreError::SchemaMissing { .. } | StoreError::Failed { .. } => ErrorClass::Permanent,
         }
     }
 }

@@ -73,14 +73,15 @@ pub struct Key {
 }
 
 impl Key {
-    /// `value` as it may be printed: a secret keeps only its scheme (`postgres://…`, so a
-    /// password in a URL never shows), or is `…`.
+    /// `value` as it may be printed. A secret URL keeps everything but its password (in the
+    /// user part, or a `password=` parameter): `postgres://app:…@db:5432/jobs`. Any other
+    /// secret (a token) is `…`.
     pub fn shown(&self, value: &str) -> String {
         if !self.secret {
             return value.to_owned();
         }
         match value.split_once("://") {
-            Some((scheme, _)) => format!("{scheme}://…"),
+            Some((scheme, rest)) => format!("{scheme}://{}", without_password(rest)),
             None if value.ends_with(':') => value.to_owned(),
             None => "…".to_owned(),
         }
@@ -93,6 +94,37 @@ impl Key {
             None => format!("{} ({} in jobs.toml)", self.env, self.name),
         }
     }
+}
+
+/// What follows `scheme://` in a URL with its password replaced by `…`: the one in
+/// `user:password@`, and the value of any `password=` query parameter.
+fn without_password(rest: &str) -> String {
+    let (authority, tail) = rest
+        .find(['/', '?', '#'])
+        .map_or((rest, ""), |at| rest.split_at(at));
+    let authority = match authority.rsplit_once('@') {
+        Some((user, host)) => match user.split_once(':') {
+            Some((name, _)) => format!("{name}:…@{host}"),
+            None => authority.to_owned(),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if name.eq_ignore_ascii_case("password") => {
+                        format!("{name}=…")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{authority}{tail}")
 }
 
 /// The store's URL.
@@ -664,14 +696,14 @@ pub enum ComposeError {
     },
     /// The store could not be opened.
     #[error("opening the store: {0}")]
-    Store(#[source] StoreError),
+    Store(StoreError),
     /// The queue transport could not be reached or set up.
     #[error("opening the queue: {0}")]
     Queue(String),
     /// The BetterStack alerter refused its configuration.
     #[cfg(feature = "betterstack")]
     #[error("configuring the BetterStack alerter: {0}")]
-    BetterStack(#[source] BetterStackError),
+    BetterStack(BetterStackError),
 }
 
 impl ComposeError {
@@ -1076,6 +1108,29 @@ impl Alerter for ConsoleAlerter {
 #[cfg(all(test, feature = "jobsctl"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_url_shows_all_but_its_password() {
+        for (url, shown) in [
+            (
+                "postgres://app:s3cret@db.internal:5432/jobs",
+                "postgres://app:…@db.internal:5432/jobs",
+            ),
+            ("postgres://app@db/jobs", "postgres://app@db/jobs"),
+            ("redis://:s3cret@cache:6379", "redis://:…@cache:6379"),
+            (
+                "postgres://db/jobs?sslmode=require&password=s3cret",
+                "postgres://db/jobs?sslmode=require&password=…",
+            ),
+            ("postgres://a:b@c@host/db", "postgres://a:…@host/db"),
+            ("sqlite://.jobs/jobs.db", "sqlite://.jobs/jobs.db"),
+            ("memory:", "memory:"),
+        ] {
+            assert_eq!(DATABASE_URL.shown(url), shown, "{url}");
+            assert!(!DATABASE_URL.shown(url).contains("s3cret"), "{url}");
+        }
+        assert_eq!(QSTASH_TOKEN.shown("eyJhbGciOi"), "…");
+    }
 
     #[test]
     fn defaults_copied_from_adapters_match_them() {

@@ -142,6 +142,7 @@ enum Command {
     /// Depth per queue (ready, delayed, in flight) from the configured transport.
     ///
     /// The queues are the --queue flags, else JOBS_QUEUES / `queues` in jobs.toml, else the
+    /// queues the transport holds messages in (the PostgreSQL queue lists them), else the
     /// queues of the standard periodic tasks.
     ///
     /// Examples:
@@ -355,7 +356,9 @@ enum CleanupCommand {
 }
 
 fn parse_status(s: &str) -> Result<DeadLetterStatus, String> {
-    s.parse().map_err(|e: jobs_core::StoreError| e.to_string())
+    s.parse().map_err(|_: jobs_core::StoreError| {
+        "accepted values: pending_review, replayed, discarded".to_owned()
+    })
 }
 
 #[derive(Debug, Subcommand)]
@@ -437,7 +440,7 @@ async fn run(command: Command, config: Config) -> Result<()> {
                     .collect::<Result<_, _>>()
                     .map_err(|e| Usage(format!("{}: {e}", compose::QUEUES.describe())))?
             } else {
-                cron::standard_queues()?
+                listed(&queue).await?
             };
             if !queue.durable {
                 eprintln!(
@@ -600,6 +603,7 @@ fn validate(file: &PathBuf, lines: bool, json: bool) -> ExitCode {
     match validate::run(input, lines, json, &mut std::io::stdout().lock()) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        Err(e) if reader_left(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
@@ -615,10 +619,41 @@ fn block_on<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
         .block_on(work)
 }
 
+/// The queues the transport holds messages in, when it can list them; else the standard
+/// tasks' queues, said so on standard error.
+async fn listed(queue: &Queue) -> Result<Vec<QueueName>> {
+    // An in-process queue holds nothing in a one-shot command: the standard ones say more.
+    if queue.durable
+        && let Some(depth) = &queue.depth
+        && let Some(names) = depth.queues().await?
+    {
+        return Ok(names);
+    }
+    eprintln!(
+        "note: the {}: transport cannot list its queues; showing the standard ones \
+         (name others with --queue or JOBS_QUEUES)",
+        queue.scheme
+    );
+    cron::standard_queues()
+}
+
+/// Whether `e` is standard output's reader going away (`jobsctl … --json | head`): the
+/// output was wanted no further, so the command ends quietly.
+fn reader_left(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn finish(result: Result<()>) -> ExitCode {
     let Err(e) = result else {
         return ExitCode::SUCCESS;
     };
+    if reader_left(&e) {
+        return ExitCode::SUCCESS;
+    }
     eprintln!("error: {e:#}");
     if e.downcast_ref::<NotConfirmed>().is_some() {
         return ExitCode::from(3);
@@ -662,10 +697,10 @@ mod tests {
     }
 
     #[test]
-    fn secrets_keep_only_their_scheme_in_print_and_in_debug() {
+    fn secrets_hide_their_password_in_print_and_in_debug() {
         let key = &jobs_ops::compose::DATABASE_URL;
         assert!(key.secret);
-        assert_eq!(key.shown("postgres://u:pw@h/db"), "postgres://…");
+        assert_eq!(key.shown("postgres://u:pw@h/db"), "postgres://u:…@h/db");
         assert_eq!(key.shown("memory:"), "memory:");
         assert_eq!(key.shown("token123"), "…");
         let env =
@@ -678,7 +713,7 @@ mod tests {
         .expect("resolves");
         let debug = format!("{config:?}");
         assert!(
-            !debug.contains("hunter2") && debug.contains("postgres://…"),
+            !debug.contains("hunter2") && debug.contains("postgres://u:…@h/db"),
             "{debug}"
         );
     }

@@ -410,4 +410,16 @@ impl QueueDepth for MemoryQueue {
         }
         Ok(Depth::new(ready, delayed, in_flight))
     }
+
+    async fn queues(&self) -> Result<Option<Vec<QueueName>>, QueueError> {
+        let state = self.lock();
+        let mut names: Vec<QueueName> = state
+            .queues
+            .iter()
+            .filter(|(_, queue)| !queue.messages.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        Ok(Some(names))
+    }
 }

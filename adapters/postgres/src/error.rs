@@ -12,6 +12,14 @@ const TRANSIENT_SQLSTATES: [&str; 6] = ["40001", "40P01", "57P01", "57P02", "57P
 /// and deadlock. Running the whole transaction again may succeed.
 const CONFLICT_SQLSTATES: [&str; 2] = ["40001", "40P01"];
 
+/// The SQLSTATEs of a schema that is missing or behind: undefined table, schema, column or
+/// function.
+const SCHEMA_SQLSTATES: [&str; 4] = ["42P01", "3F000", "42703", "42883"];
+
+pub(crate) fn is_schema_missing(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|code| SCHEMA_SQLSTATES.contains(&&*code)))
+}
+
 fn is_conflict(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().is_some_and(|code| CONFLICT_SQLSTATES.contains(&&*code)))
 }
@@ -54,9 +62,12 @@ pub(crate) fn store_error(what: &str, e: sqlx::Error) -> StoreError {
     let message = format!("{what}: {e}");
     let conflict = is_conflict(&e);
     let transient = is_transient(&e);
+    let schema = is_schema_missing(&e);
     let source = Some(Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
     if conflict {
         StoreError::Conflict { message, source }
+    } else if schema {
+        StoreError::SchemaMissing { message, source }
     } else if transient {
         StoreError::Unavailable { message, source }
     } else {

@@ -71,12 +71,17 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use jobs_core::{ConsumerName, JobId, ProcessedJobs, StoreError, WorkStore};
-use sqlx::PgPool;
 use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+use sqlx::{Connection, PgPool};
 
 use crate::error::store_error;
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// How long [`PgStore::connect`] waits for the server's first answer: long enough for a
+/// server across a region, short enough that a wrong host fails before an operator wonders.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The PostgreSQL store over a connection pool; clones share the pool.
 #[derive(Clone, Debug)]
@@ -85,26 +90,61 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    /// Connects a pool with sqlx's default settings and checks one connection.
+    /// Connects a pool with sqlx's default settings, after one connection made within
+    /// [`DEFAULT_CONNECT_TIMEOUT`].
     ///
-    /// An unreachable server is [`StoreError::Unavailable`]; a malformed URL or refused
-    /// credentials are [`StoreError::Failed`]. To size the pool or its timeouts, build a
-    /// [`PgPool`] yourself and use [`PgStore::from_pool`].
+    /// An unreachable server is [`StoreError::Unavailable`], naming its host, port and the
+    /// cause (`Connection refused`, or no answer within the timeout); a malformed URL or
+    /// refused credentials are [`StoreError::Failed`]. To size the pool or its timeouts,
+    /// build a [`PgPool`] yourself and use [`PgStore::from_pool`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = PgPool::connect(url)
-            .await
-            .map_err(|e| store_error("connect to PostgreSQL", e))?;
-        Ok(PgStore { pool })
+        Self::connect_with(url, PgPoolOptions::new(), DEFAULT_CONNECT_TIMEOUT).await
     }
 
-    /// Connects a pool of at most `connections` connections (sqlx's defaults otherwise) and
-    /// checks one: for a worker whose queue shares the pool, `WorkerConfig::connections` in
-    /// `jobs-consumers` says how many it needs.
+    /// Connects a pool of at most `connections` connections ([`PgStore::pool_options`]) as
+    /// [`connect`](Self::connect) does: for a worker whose queue shares the pool,
+    /// `WorkerConfig::connections` in `jobs-consumers` says how many it needs.
     pub async fn connect_sized(url: &str, connections: u32) -> Result<Self, StoreError> {
-        let pool = Self::pool_options(connections)
-            .connect(url)
+        Self::connect_with(
+            url,
+            Self::pool_options(connections),
+            DEFAULT_CONNECT_TIMEOUT,
+        )
+        .await
+    }
+
+    /// A pool built by `options`, after one connection made within `timeout`, so that a
+    /// server that cannot be reached fails fast with its cause rather than after the pool's
+    /// acquire timeout with "pool timed out".
+    pub async fn connect_with(
+        url: &str,
+        options: PgPoolOptions,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let target: PgConnectOptions = url
+            .parse()
+            .map_err(|e| store_error("read the PostgreSQL URL", e))?;
+        let at = format!(
+            "connect to PostgreSQL at {}:{}",
+            target.get_host(),
+            target.get_port()
+        );
+        match tokio::time::timeout(timeout, PgConnection::connect_with(&target)).await {
+            Err(_) => {
+                return Err(StoreError::unavailable(format!(
+                    "{at}: no answer within {timeout:?}"
+                )));
+            }
+            Ok(Err(e)) => return Err(store_error(&at, e)),
+            Ok(Ok(first)) => {
+                // Only a probe: the pool makes its own.
+                let _ = first.close().await;
+            }
+        }
+        let pool = options
+            .connect_with(target)
             .await
-            .map_err(|e| store_error("connect to PostgreSQL", e))?;
+            .map_err(|e| store_error(&at, e))?;
         Ok(PgStore { pool })
     }
 

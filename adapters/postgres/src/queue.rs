@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::convert::{from_timestamp, to_timestamp};
-use crate::error::{is_transient, store_error};
+use crate::error::{is_schema_missing, is_transient, store_error};
 use crate::{PgStore, PgWorkTx};
 
 /// The channel `core.jobs`' insert trigger notifies, with the queue name as payload.
@@ -35,6 +35,11 @@ pub(crate) fn queue_error(queue: &QueueName, what: &str, e: sqlx::Error) -> Queu
             queue: queue.clone(),
             message: format!("{what}: {e}"),
             source: Some(Box::new(e)),
+        }
+    } else if is_schema_missing(&e) {
+        QueueError::Rejected {
+            queue: queue.clone(),
+            reason: format!("{what}: {e} (the schema is missing or behind: run `jobsctl migrate`)"),
         }
     } else {
         QueueError::Rejected {
@@ -722,6 +727,18 @@ impl QueueDepth for PgQueue {
         .map_err(|e| queue_error(queue, "count core.jobs", e))?;
         let n = |c: i64| u64::try_from(c).unwrap_or(0);
         Ok(Depth::new(n(ready), n(delayed), n(in_flight)))
+    }
+
+    /// The queues with rows in `core.jobs`, by name.
+    async fn queues(&self) -> Result<Option<Vec<QueueName>>, QueueError> {
+        let any: QueueName = "core.jobs".parse().expect("a valid name");
+        let names: Vec<String> =
+            sqlx::query_scalar("select distinct queue from core.jobs order by 1")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| queue_error(&any, "list the queues of core.jobs", e))?;
+        // A row of another program's naming is left out rather than failing the list.
+        Ok(Some(names.iter().filter_map(|n| n.parse().ok()).collect()))
     }
 }
 

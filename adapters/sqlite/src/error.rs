@@ -29,8 +29,13 @@ pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
 pub(crate) fn store_error(what: &str, e: sqlx::Error) -> StoreError {
     let message = format!("{what}: {e}");
     let transient = is_transient(&e);
+    // SQLite says it only in words: `no such table: core_processed_jobs`.
+    let schema = matches!(&e, sqlx::Error::Database(db)
+        if db.message().starts_with("no such table") || db.message().starts_with("no such column"));
     let source = Some(Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
-    if transient {
+    if schema {
+        StoreError::SchemaMissing { message, source }
+    } else if transient {
         StoreError::Unavailable { message, source }
     } else {
         StoreError::Failed { message, source }

@@ -288,3 +288,19 @@ async fn handler_writes_commit_and_roll_back_with_the_claim() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_store_not_migrated_says_so_and_how_to_fix_it() {
+    with_files(|files| async move {
+        let store = SqliteStore::open(files.path()).await.expect("opens");
+        let consumer = jobs_core::ConsumerName::try_from("test.consumer").expect("valid");
+        let e =
+            jobs_core::ProcessedJobs::is_processed(&store, jobs_core::JobId::generate(), &consumer)
+                .await
+                .expect_err("no tables before migrate");
+        assert!(matches!(e, StoreError::SchemaMissing { .. }), "{e:?}");
+        assert_eq!(e.class(), ErrorClass::Permanent);
+        assert!(e.to_string().ends_with("(run `jobsctl migrate`)"), "{e}");
+    })
+    .await;
+}

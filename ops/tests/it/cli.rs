@@ -322,3 +322,34 @@ async fn cron_tick_dry_run_plans_the_tenants_whose_tier_is_due() {
     pool.close().await;
     db.drop_db().await;
 }
+
+#[test]
+fn output_cut_short_by_its_reader_ends_quietly() {
+    let valid = r#"{"job_id":"017f22e2-79b0-7cc3-98c4-dc0c0c07398f","tenant_id":"0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90","correlation_id":"0192f0a4-8d7e-7c3b-a1f2-6e5d4c3b2a19","kind":"billing.invoice_issued","data":{}}"#;
+    let input = format!("{valid}\n").repeat(20_000);
+    // `jobsctl envelope validate --lines --json | head -1`: the reader leaves after a line.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_jobsctl"))
+        .args(["envelope", "validate", "--lines", "--json", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("jobsctl runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    // Once jobsctl has stopped, writing its input fails too: that is expected.
+    let feeding = std::thread::spawn(move || {
+        let _ = stdin.write_all(input.as_bytes());
+    });
+    let mut out = child.stdout.take().expect("stdout");
+    let mut first = [0u8; 16];
+    std::io::Read::read_exact(&mut out, &mut first).expect("some output");
+    drop(out);
+    feeding.join().expect("the feeder ends");
+    let output = child.wait_with_output().expect("finishes");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(
+        output.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

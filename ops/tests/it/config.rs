@@ -76,8 +76,21 @@ fn flags_beat_the_environment_which_beats_jobs_toml_which_beats_the_default() {
     );
     assert_eq!(
         shown(&config, "database_url").0,
-        "sqlite://…",
-        "URLs may hold passwords: only the scheme is shown"
+        "sqlite://from-file.db",
+        "a URL without a password is shown whole"
+    );
+    let with_password = run(
+        &dir.0,
+        &[(
+            "DATABASE_URL",
+            "postgres://app:s3cret@db.internal:5432/jobs",
+        )],
+        &["config", "--json"],
+    );
+    assert_eq!(
+        shown(&with_password, "database_url").0,
+        "postgres://app:…@db.internal:5432/jobs",
+        "only the password is hidden"
     );
     let migrate = run(&dir.0, &[], &["migrate"]);
     assert!(migrate.status.success(), "{migrate:?}");

@@ -100,6 +100,18 @@ async fn publish_and_queues_reach_the_postgres_queue() {
         (Some(1), Some(1)),
         "{depth}"
     );
+    let listed = jobsctl_with(&["queues", "--json", "--queue-url", &queue_url], &[]);
+    assert!(listed.status.success(), "{listed:?}");
+    let names: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON Lines"))
+        .filter_map(|l| l["queue"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        names,
+        [QUEUE],
+        "without names, the queues the transport holds"
+    );
 
     let pool = db.pool().await;
     let pg = PgQueue::new(pool.clone());

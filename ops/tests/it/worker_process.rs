@@ -78,9 +78,15 @@ async fn the_readme_worker_processes_its_jobs_once_answers_probes_and_stops_on_s
         .await
         .expect("migrate");
     let port = free_port();
+    // Trust authentication ignores the password; the log must not show it.
+    let url = db.url.replacen("postgres@", "postgres:hunter2@", 1);
+    assert_ne!(
+        url, db.url,
+        "the test database's URL names the postgres user"
+    );
     let mut child = Reaped(
         Command::new(example("worker"))
-            .env("DATABASE_URL", &db.url)
+            .env("DATABASE_URL", &url)
             .env("JOBS_HTTP_ADDR", format!("127.0.0.1:{port}"))
             .env("JOBS_CONFIG", "/dev/null")
             .env("RUST_LOG", "info")
@@ -131,8 +137,8 @@ async fn the_readme_worker_processes_its_jobs_once_answers_probes_and_stops_on_s
     assert!(log.contains("worker process started"), "{log}");
     assert!(log.contains("worker process stopped"), "{log}");
     assert!(
-        log.contains("postgres://…") && !log.contains(&db.url),
-        "the start line shows the configuration with the URL hidden: {log}"
+        log.contains("postgres://postgres:…@") && !log.contains("hunter2"),
+        "the start line shows the configuration, the password hidden: {log}"
     );
     let (jobs, processed): (i64, i64) = sqlx::query_as(
         "select (select count(*) from core.jobs), (select count(*) from core.processed_jobs)",

@@ -688,3 +688,16 @@ fn the_grouped_runtime_keeps_every_invariant_with_rerunnable_handlers() {
     );
     runtime.block_on(dbs.drop_all());
 }
+
+#[tokio::test]
+async fn a_queue_without_its_table_says_to_migrate() {
+    with_databases(|dbs| async move {
+        let queue = PgQueue::new(dbs.pool().await);
+        let e = queue
+            .receive(&name("test.unmigrated"), 1, Duration::from_secs(30))
+            .await
+            .expect_err("no core.jobs before migrate");
+        assert!(e.to_string().ends_with("run `jobsctl migrate`)"), "{e}");
+    })
+    .await;
+}

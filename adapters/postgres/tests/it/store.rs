@@ -137,8 +137,9 @@ async fn missing_schema_is_a_permanent_failure() {
             .is_processed(JobId::generate(), &consumer())
             .await
             .expect_err("core.processed_jobs does not exist before migrate");
-        assert!(matches!(e, StoreError::Failed { .. }), "{e:?}");
+        assert!(matches!(e, StoreError::SchemaMissing { .. }), "{e:?}");
         assert_eq!(e.class(), ErrorClass::Permanent);
+        assert!(e.to_string().ends_with("(run `jobsctl migrate`)"), "{e}");
     })
     .await;
 }
@@ -182,7 +183,7 @@ async fn errors_are_classified_by_sqlstate() {
                 .await
                 .expect_err("the trigger fails the claim");
             assert_eq!(e.class(), class, "SQLSTATE {code}: {e:?}");
-            let source = std::error::Error::source(&e).expect("the sqlx error is kept");
+            let source = e.engine_error().expect("the sqlx error is kept");
             assert!(
                 source.to_string().contains("failed by the test"),
                 "{source}"
@@ -305,4 +306,49 @@ async fn concurrent_records_of_one_key_make_one_pending_letter() {
         assert!(outcomes.iter().all(|r| r.id() == id), "{outcomes:?}");
     })
     .await;
+}
+
+#[tokio::test]
+async fn connecting_to_a_server_that_refuses_says_where_and_why_once() {
+    let e = PgStore::connect("postgres://postgres@127.0.0.1:1/postgres")
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}");
+    let message = e.to_string();
+    assert!(
+        message.starts_with("store unavailable: connect to PostgreSQL at 127.0.0.1:1: "),
+        "{message}"
+    );
+    assert!(message.contains("Connection refused"), "{message}");
+    assert_eq!(
+        message.matches("Connection refused").count(),
+        1,
+        "the cause once: {message}"
+    );
+    assert!(
+        std::error::Error::source(&e).is_none(),
+        "the message carries the cause"
+    );
+}
+
+#[tokio::test]
+async fn connecting_to_a_server_that_never_answers_fails_after_the_connect_timeout() {
+    // Accepts connections (the kernel's backlog) and never says a word.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = silent.local_addr().expect("bound").port();
+    let e = PgStore::connect_with(
+        &format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        PgPoolOptions::new(),
+        Duration::from_millis(300),
+    )
+    .await
+    .expect_err("no answer");
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "store unavailable: connect to PostgreSQL at 127.0.0.1:{port}: no answer within 300ms"
+        )
+    );
+    drop(silent);
 }
