@@ -28,6 +28,55 @@ pub struct Job<T> {
     pub cancellation: Cancellation,
 }
 
+impl<T> Job<T> {
+    /// The job a handler receives for `envelope` on `queue` at `attempt` (1 for the first),
+    /// with a cancellation that never fires: for running a handler outside a worker, in its
+    /// unit tests. Run it in a store's work transaction as the worker would:
+    ///
+    /// ```
+    /// use async_trait::async_trait;
+    /// use jobs_adapter_memory::{MemoryStore, MemoryWorkTx};
+    /// use jobs_consumers::{Handler, Job, JobError};
+    /// use jobs_core::{CorrelationId, Envelope, WorkStore, WorkTransaction};
+    ///
+    /// struct Greet;
+    ///
+    /// #[async_trait]
+    /// impl Handler<MemoryWorkTx> for Greet {
+    ///     type Data = String;
+    ///
+    ///     async fn handle(&self, job: Job<String>, tx: &mut MemoryWorkTx) -> Result<(), JobError> {
+    ///         tx.record_effect(format!("hello {}", job.envelope.data));
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = MemoryStore::default();
+    /// let envelope = Envelope::new(
+    ///     "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90".parse()?,
+    ///     CorrelationId::generate(),
+    ///     "greet.person".parse()?,
+    ///     "Ada".to_owned(),
+    /// );
+    /// let mut tx = store.begin().await?;
+    /// Greet.handle(Job::new(envelope, "greet".parse()?, 1), &mut tx).await?;
+    /// tx.commit().await?;
+    /// assert_eq!(store.effects(), ["hello Ada"]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn new(envelope: Envelope<T>, queue: QueueName, attempt: u32) -> Job<T> {
+        Job {
+            envelope,
+            queue,
+            attempt,
+            cancellation: Cancellation::never(),
+        }
+    }
+}
+
 /// A job's cancellation signal, as its handler sees it: cheap to clone into tasks the handler
 /// starts.
 ///
@@ -40,9 +89,22 @@ pub struct Job<T> {
 pub struct Cancellation {
     job: watch::Receiver<bool>,
     run: watch::Receiver<bool>,
+    /// Keeps the senders of a cancellation that never fires ([`Job::new`]) alive.
+    _never: Option<Arc<(watch::Sender<bool>, watch::Sender<bool>)>>,
 }
 
 impl Cancellation {
+    /// A signal that never fires, for a job run outside a worker (a handler's unit test).
+    pub fn never() -> Cancellation {
+        let (job_tx, job) = watch::channel(false);
+        let (run_tx, run) = watch::channel(false);
+        Cancellation {
+            job,
+            run,
+            _never: Some(Arc::new((job_tx, run_tx))),
+        }
+    }
+
     /// Whether it has fired.
     pub fn is_cancelled(&self) -> bool {
         *self.job.borrow() || *self.run.borrow()
@@ -70,6 +132,7 @@ impl Canceller {
             Cancellation {
                 job,
                 run: run.subscribe(),
+                _never: None,
             },
         )
     }
@@ -82,7 +145,27 @@ impl Canceller {
 /// Why a handler did not finish, and so what the runtime does next.
 ///
 /// A typed outcome rather than an error to classify: the runtime never guesses from a message
-/// or a downcast whether to retry.
+/// or a downcast whether to retry. Whatever it is, the handler's writes are rolled back.
+///
+/// ```
+/// use jobs_consumers::JobError;
+/// use std::time::{Duration, SystemTime};
+///
+/// fn verdict(status: u16, retry_after: Option<Duration>) -> Result<(), JobError> {
+///     match status {
+///         200..=299 => Ok(()),
+///         // Rate limited: come back then, without spending an attempt.
+///         429 => Err(JobError::Defer {
+///             until: SystemTime::now() + retry_after.unwrap_or(Duration::from_secs(1)),
+///         }),
+///         // Transient: again after the retry policy's backoff, until attempts run out.
+///         500..=599 => Err(JobError::retry(format!("the provider answered {status}"))),
+///         // The provider refuses it and always will: dead-letter it now.
+///         _ => Err(JobError::permanent(format!("the provider refused it ({status})"))),
+///     }
+/// }
+/// # assert!(matches!(verdict(503, None), Err(JobError::Retry(_))));
+/// ```
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum JobError {
@@ -126,6 +209,39 @@ impl JobError {
 /// Writes made through `tx` commit atomically with the job's `processed_jobs` row: exactly
 /// once, however often the job is delivered. A handler that needs no transaction can be
 /// generic over `Tx`, so it works with every store.
+///
+/// The trait is declared with the `async-trait` crate (handlers of every kind live in one
+/// registry as trait objects), so an implementation carries `#[async_trait]` too. What the
+/// handler returns decides what happens next ([`JobError`]):
+///
+/// ```
+/// use async_trait::async_trait;
+/// use jobs_adapter_memory::MemoryWorkTx;
+/// use jobs_consumers::{Handler, Job, JobError};
+/// use serde::Deserialize;
+///
+/// #[derive(Deserialize)]
+/// struct Charge {
+///     cents: i64,
+/// }
+///
+/// struct ChargeCard;
+///
+/// #[async_trait]
+/// impl Handler<MemoryWorkTx> for ChargeCard {
+///     type Data = Charge;
+///
+///     async fn handle(&self, job: Job<Charge>, tx: &mut MemoryWorkTx) -> Result<(), JobError> {
+///         if job.envelope.data.cents <= 0 {
+///             // Trying again cannot help: straight to the dead letters, for review.
+///             return Err(JobError::permanent("a charge must be positive"));
+///         }
+///         // Committed with the job's processed_jobs row, or not at all.
+///         tx.record_effect(format!("charged {}", job.envelope.data.cents));
+///         Ok(())
+///     }
+/// }
+/// ```
 #[async_trait]
 pub trait Handler<Tx: Send>: Send + Sync + 'static {
     /// The kind's `data`; a payload that does not deserialise into it is poison.

@@ -602,6 +602,48 @@ impl<S: WorkStore> WorkerBuilder<S> {
 /// handler in that transaction; commit, then ack. A handler failure rolls everything back and
 /// retries with backoff, or dead-letters when attempts run out or the failure is permanent.
 /// The message is acked only after the commit or the dead letter is durable.
+///
+/// ```
+/// use std::sync::Arc;
+/// use async_trait::async_trait;
+/// use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryWorkTx};
+/// use jobs_consumers::{Handler, Job, JobError, Outcome, Worker};
+/// use jobs_core::{CorrelationId, Envelope, PublishOptions, QueuePort, SystemClock};
+///
+/// struct Book;
+///
+/// #[async_trait]
+/// impl Handler<MemoryWorkTx> for Book {
+///     type Data = serde_json::Value;
+///
+///     async fn handle(&self, job: Job<serde_json::Value>, tx: &mut MemoryWorkTx) -> Result<(), JobError> {
+///         tx.record_effect(job.envelope.data.to_string());
+///         Ok(())
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let queue = MemoryQueue::new(Arc::new(SystemClock));
+/// let store = Arc::new(MemoryStore::default());
+/// let worker = Worker::builder_on("billing.booker".parse()?, "billing.invoices".parse()?, Arc::new(queue.clone()), store.clone())
+///     .handler("billing.invoice_issued".parse()?, Book)
+///     .concurrency(4)
+///     .build()?;
+///
+/// let job = Envelope::new(
+///     "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90".parse()?,
+///     CorrelationId::generate(),
+///     "billing.invoice_issued".parse()?,
+///     serde_json::json!({ "invoice": 42 }),
+/// );
+/// queue.publish(worker.queue(), &job, PublishOptions::default()).await?;
+/// // `Arc::new(worker).run(shutdown)` in production; one batch here.
+/// assert_eq!(worker.run_once().await?, [Outcome::Processed]);
+/// assert_eq!(store.effects(), [r#"{"invoice":42}"#]);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Worker<S: WorkStore> {
     pub(crate) consumer: ConsumerName,
     queue: QueueName,
@@ -714,6 +756,20 @@ where
             Self::push_builder(consumer, queue, transport.clone(), store, dead_letters);
         builder.pull = Some(transport);
         builder
+    }
+
+    /// [`Worker::builder`] for a store that keeps its own dead letters (every store of this
+    /// project does): the store is given once.
+    pub fn builder_on(
+        consumer: ConsumerName,
+        queue: QueueName,
+        transport: Arc<dyn ConsumerPort>,
+        store: Arc<S>,
+    ) -> WorkerBuilder<S>
+    where
+        S: DeadLetterStore,
+    {
+        Self::builder(consumer, queue, transport, store.clone(), store)
     }
 
     /// Starts building the worker of `consumer` on `queue` for a push transport, which

@@ -213,15 +213,7 @@ where
 {
     let consumer = queue.consumer.clone().expect("a pull transport");
     let store = Arc::new(store.clone());
-    Box::new(move |name, queue| {
-        Worker::builder(
-            name,
-            queue,
-            consumer.clone(),
-            store.clone(),
-            store.clone() as Arc<dyn DeadLetterStore>,
-        )
-    })
+    Box::new(move |name, queue| Worker::builder_on(name, queue, consumer.clone(), store.clone()))
 }
 
 #[cfg(feature = "postgres")]
@@ -287,14 +279,8 @@ impl ProcessStore for PgStore {
             publisher: queue.clone(),
             depth: Some(queue.clone()),
             builder: Box::new(move |name, queue_name| {
-                Worker::builder(
-                    name,
-                    queue_name,
-                    grouped.clone(),
-                    shared.clone(),
-                    shared.clone() as Arc<dyn DeadLetterStore>,
-                )
-                .grouped(grouped.clone())
+                Worker::builder_on(name, queue_name, grouped.clone(), shared.clone())
+                    .grouped(grouped.clone())
             }),
             ping,
         })
