@@ -369,6 +369,26 @@ pub const SHUTDOWN_GRACE: Key = Key {
     about: "how long in-flight jobs may finish after SIGTERM (e.g. 30s, 2m, 500ms)",
 };
 
+/// Whether a worker process runs the cron scheduler.
+pub const CRON: Key = Key {
+    name: "cron",
+    flag: None,
+    env: "JOBS_CRON",
+    default: Some("off"),
+    secret: false,
+    about: "on: a worker process also ticks the cron scheduler (tenants from core.tenants)",
+};
+
+/// Whether a worker process runs the outbox relay.
+pub const OUTBOX_RELAY: Key = Key {
+    name: "outbox_relay",
+    flag: None,
+    env: "JOBS_OUTBOX_RELAY",
+    default: Some("off"),
+    secret: false,
+    about: "on: a worker process also forwards core.outbox to its queue (PostgreSQL)",
+};
+
 /// Every configuration key, in the order `jobsctl config` prints them.
 pub const KEYS: &[Key] = &[
     DATABASE_URL,
@@ -395,6 +415,8 @@ pub const KEYS: &[Key] = &[
     LOG_FORMAT,
     CONCURRENCY,
     SHUTDOWN_GRACE,
+    CRON,
+    OUTBOX_RELAY,
 ];
 
 /// The queue URL schemes this build composes (the adapters' cargo features choose them).

@@ -86,6 +86,24 @@ pub(crate) fn list(as_json: bool, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
+/// `jobsctl cron run`: the scheduler over the tenants of `store`, publishing to `queue`,
+/// ticking until a stop signal.
+pub(crate) async fn run(store: &Store, queue: &Queue) -> Result<()> {
+    let Store::Postgres(pg) = store else {
+        bail!(Usage(
+            "the tenant directory lives in PostgreSQL (core.tenants): pass a postgres:// \
+             --database-url"
+                .into()
+        ));
+    };
+    let scheduler = scheduler(
+        Arc::new(PgTenantDirectory::new(pg.pool().clone())),
+        Some(queue),
+    )?;
+    crate::until_signal(|stop| jobs_ops::standing::run_cron(scheduler, stop)).await;
+    Ok(())
+}
+
 /// Fans out every task due at `at` over the tenants of `store` to `queue`, or with no queue
 /// only plans it (a dry run).
 pub(crate) async fn tick(

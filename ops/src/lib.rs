@@ -4,3 +4,4 @@
 pub mod compose;
 pub mod notify;
 pub mod process;
+pub mod standing;

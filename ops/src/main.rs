@@ -163,6 +163,9 @@ enum Command {
     /// The periodic tasks fanned out per tenant.
     #[command(subcommand)]
     Cron(CronCommand),
+    /// The transactional outbox.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
     /// QStash operations.
     #[command(subcommand)]
     Qstash(QstashCommand),
@@ -211,6 +214,28 @@ enum CronCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Run the scheduler: tick every 30 s, firing each task's due slot over the tenants of
+    /// core.tenants to the configured durable queue, until SIGTERM or SIGINT.
+    ///
+    /// Several may run at once (one per replica): a slot fired twice publishes the same job
+    /// ids, which the queue and the consumers drop.
+    ///
+    /// Examples:
+    ///   jobsctl cron run --database-url postgres://… --queue-url postgres-queue://…
+    #[command(verbatim_doc_comment)]
+    Run,
+}
+
+/// The transactional outbox (PostgreSQL).
+#[derive(Debug, Subcommand)]
+enum OutboxCommand {
+    /// Forward committed core.outbox rows to the configured durable queue, batch after
+    /// batch, until SIGTERM or SIGINT (the batch under way finishes first).
+    ///
+    /// Examples:
+    ///   jobsctl outbox relay --database-url postgres://… --queue-url postgres-queue://…
+    #[command(verbatim_doc_comment)]
+    Relay,
 }
 
 // The examples are for `--help`, where a URL is plain text.
@@ -461,6 +486,27 @@ async fn run(command: Command, config: Config) -> Result<()> {
             };
             cron::tick(&store, queue.as_ref(), at, out).await
         }
+        Command::Cron(CronCommand::Run) => {
+            let store = Store::connect(&config).await?;
+            let queue = durable_queue(&config, "cron run").await?;
+            jobs_ops::process::init_tracing(config.get(&compose::LOG_FORMAT).unwrap_or("human"))?;
+            cron::run(&store, &queue).await
+        }
+        Command::Outbox(OutboxCommand::Relay) => {
+            let Store::Postgres(store) = Store::connect(&config).await? else {
+                return Err(Usage(format!(
+                    "the outbox lives in PostgreSQL (core.outbox): set {} to a postgres:// URL",
+                    compose::DATABASE_URL.describe()
+                ))
+                .into());
+            };
+            let queue = durable_queue(&config, "the outbox relay").await?;
+            jobs_ops::process::init_tracing(config.get(&compose::LOG_FORMAT).unwrap_or("human"))?;
+            let relay =
+                jobs_adapter_postgres::OutboxRelay::new(store.pool().clone(), queue.publisher);
+            until_signal(|stop| jobs_ops::standing::run_relay(relay, stop)).await;
+            Ok(())
+        }
         Command::Qstash(QstashCommand::Verify(args)) => {
             let keys = compose::qstash_signing_keys(&config)?;
             if qstash::verify(&keys, &args, out)? {
@@ -635,6 +681,20 @@ async fn listed(queue: &Queue) -> Result<Vec<QueueName>> {
         queue.scheme
     );
     cron::standard_queues()
+}
+
+/// Runs the loop `start` makes until SIGTERM or SIGINT, then lets it finish.
+pub(crate) async fn until_signal<F>(start: impl FnOnce(tokio::sync::watch::Receiver<bool>) -> F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(start(stopped));
+    jobs_ops::process::stop_signal().await;
+    stop.send_replace(true);
+    if let Err(e) = running.await {
+        eprintln!("error: the loop failed: {e}");
+    }
 }
 
 /// Whether `e` is standard output's reader going away (`jobsctl … --json | head`): the

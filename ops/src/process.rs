@@ -62,7 +62,7 @@ use jobs_adapter_sqlite::SqliteStore;
 use jobs_consumers::{CoalescingAlerter, Drained, Worker, WorkerBuilder, WorkerError};
 use jobs_core::{
     ConsumerName, DeadLetterStore, NameError, QueueDepth, QueueName, QueuePort, SystemClock,
-    WorkStore,
+    TenantDirectory, WorkStore,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use thiserror::Error;
@@ -70,8 +70,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::compose::{
-    self, CONCURRENCY, ComposeError, Config, DATABASE_URL, HTTP_ADDR, Key, LOG_FORMAT, QUEUE_URL,
-    Queue, SHUTDOWN_GRACE,
+    self, CONCURRENCY, CRON, ComposeError, Config, DATABASE_URL, HTTP_ADDR, Key, LOG_FORMAT,
+    OUTBOX_RELAY, QUEUE_URL, Queue, SHUTDOWN_GRACE,
 };
 
 /// How often the background check behind `/readyz` asks the store and the queue.
@@ -148,6 +148,10 @@ where
 /// What [`ProcessStore::open`] opened.
 pub struct Opened<S: WorkStore> {
     store: S,
+    /// Where the cron scheduler reads tenants, when the store keeps them.
+    tenants: Option<Arc<dyn TenantDirectory>>,
+    /// The outbox relay to the process's queue, when the store keeps an outbox.
+    relay: Option<Standing>,
     /// What the workers consume, for the start line.
     transport: String,
     publisher: Arc<dyn QueuePort>,
@@ -155,6 +159,10 @@ pub struct Opened<S: WorkStore> {
     builder: Box<dyn Fn(ConsumerName, QueueName) -> WorkerBuilder<S> + Send + Sync>,
     ping: Box<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>,
 }
+
+/// A standing loop (the cron scheduler, the outbox relay), started with the process's stop
+/// signal.
+type Standing = Box<dyn FnOnce(watch::Receiver<bool>) -> BoxFuture<'static, ()> + Send>;
 
 /// Refuses a [`DATABASE_URL`] of another engine than the handlers', naming the key.
 fn expect_engine<S: ProcessStore>(config: &Config) -> Result<&str, ProcessError>
@@ -253,6 +261,8 @@ impl ProcessStore for PgStore {
             return Ok(Opened {
                 builder: composed(&store, &queue),
                 transport: format!("{}: (per job)", queue.scheme),
+                tenants: Some(pg_tenants(&store)),
+                relay: Some(pg_relay(&store, queue.publisher.clone())),
                 store,
                 publisher: queue.publisher.clone(),
                 depth: queue.depth.clone(),
@@ -274,6 +284,8 @@ impl ProcessStore for PgStore {
         let shared = Arc::new(store.clone());
         let grouped = queue.clone();
         Ok(Opened {
+            tenants: Some(pg_tenants(&store)),
+            relay: Some(pg_relay(&store, queue.clone())),
             store,
             transport: "the PostgreSQL queue in the store's database (grouped)".to_owned(),
             publisher: queue.clone(),
@@ -285,6 +297,21 @@ impl ProcessStore for PgStore {
             ping,
         })
     }
+}
+
+/// The tenants of `core.tenants`, for the cron scheduler.
+#[cfg(feature = "postgres")]
+fn pg_tenants(store: &PgStore) -> Arc<dyn TenantDirectory> {
+    Arc::new(jobs_adapter_postgres::PgTenantDirectory::new(
+        store.pool().clone(),
+    ))
+}
+
+/// The relay of `core.outbox` to `target`.
+#[cfg(feature = "postgres")]
+fn pg_relay(store: &PgStore, target: Arc<dyn QueuePort>) -> Standing {
+    let relay = jobs_adapter_postgres::OutboxRelay::new(store.pool().clone(), target);
+    Box::new(move |stop| Box::pin(crate::standing::run_relay(relay, stop)))
 }
 
 #[cfg(feature = "sqlite")]
@@ -306,6 +333,9 @@ impl ProcessStore for SqliteStore {
         Ok(Opened {
             builder: composed(&store, &queue),
             transport: format!("{}: (per job)", queue.scheme),
+            // SQLite keeps neither tenants nor an outbox.
+            tenants: None,
+            relay: None,
             store,
             publisher: queue.publisher.clone(),
             depth: queue.depth.clone(),
@@ -448,6 +478,7 @@ where
         if self.queues.is_empty() {
             return Err(ProcessError::NoQueues);
         }
+        let (cron, relay) = (switch(&config, &CRON)?, switch(&config, &OUTBOX_RELAY)?);
         let concurrency = positive(&config, &CONCURRENCY)?;
         let grace = duration(&config, &SHUTDOWN_GRACE)?;
         let addr = socket_addr(&config)?;
@@ -502,6 +533,34 @@ where
             })?;
             workers.push(Arc::new(worker));
         }
+        // The standing loops are set up before anything starts, so a refusal leaves nothing
+        // running.
+        let mut loops: Vec<Standing> = Vec::new();
+        if cron {
+            let Some(tenants) = opened.tenants.clone() else {
+                return Err(refused(
+                    &CRON,
+                    "the tenants live in PostgreSQL (core.tenants)",
+                ));
+            };
+            let scheduler = jobs_cron::Scheduler::new(
+                jobs_cron::standard_tasks(),
+                tenants,
+                opened.publisher.clone(),
+                Arc::new(SystemClock),
+                jobs_cron::CatchUp::default(),
+            )
+            .map_err(|e| refused(&CRON, &e.to_string()))?;
+            loops.push(Box::new(move |stop| {
+                Box::pin(crate::standing::run_cron(scheduler, stop))
+            }));
+        }
+        if relay {
+            let Some(start) = opened.relay else {
+                return Err(refused(&OUTBOX_RELAY, "the outbox lives in PostgreSQL"));
+            };
+            loops.push(start);
+        }
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ProcessError::Listen {
@@ -529,6 +588,10 @@ where
             stopped.clone(),
         ));
         let server = tokio::spawn(serve(listener, state.clone(), stopped.clone()));
+        let standing: Vec<JoinHandle<()>> = loops
+            .into_iter()
+            .map(|start| tokio::spawn(start(stopped.clone())))
+            .collect();
         let mut running = Vec::with_capacity(workers.len());
         for worker in &workers {
             let mut stopped = stopped.clone();
@@ -565,6 +628,7 @@ where
             workers: running,
             server,
             checks,
+            standing,
             store: opened.store,
         })
     }
@@ -579,6 +643,8 @@ pub struct Running<S> {
     workers: Vec<(QueueName, JoinHandle<Drained>)>,
     server: JoinHandle<()>,
     checks: JoinHandle<()>,
+    /// The cron scheduler and the outbox relay, when configured.
+    standing: Vec<JoinHandle<()>>,
     store: S,
 }
 
@@ -592,10 +658,10 @@ impl<S> Running<S> {
     /// Runs until SIGTERM or SIGINT, then stops gracefully ([`Running::stop`]); a second
     /// signal while it drains exits the process at once (status 130).
     pub async fn until_signal(self) -> Result<(), ProcessError> {
-        signalled().await;
+        stop_signal().await;
         tracing::info!("stop signal received; draining (a second signal exits at once)");
         tokio::spawn(async {
-            signalled().await;
+            stop_signal().await;
             tracing::warn!("second stop signal: exiting at once");
             std::process::exit(130);
         });
@@ -630,6 +696,11 @@ impl<S> Running<S> {
                     "worker stopped"
                 ),
                 Err(e) => tracing::error!(%queue, error = %e, "the worker's task failed"),
+            }
+        }
+        for task in self.standing {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "a standing loop's task failed");
             }
         }
         self.checks.abort();
@@ -810,7 +881,7 @@ fn metrics_handle() -> PrometheusHandle {
 
 /// `tracing` to standard error, as `format` ([`LOG_FORMAT`]) says, filtered by `RUST_LOG`
 /// (default `info`); left alone when the binary installed a subscriber of its own.
-fn init_tracing(format: &str) -> Result<(), ProcessError> {
+pub fn init_tracing(format: &str) -> Result<(), ProcessError> {
     use tracing_subscriber::EnvFilter;
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -832,7 +903,7 @@ fn init_tracing(format: &str) -> Result<(), ProcessError> {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-async fn signalled() {
+pub async fn stop_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut term) => {
@@ -848,6 +919,24 @@ async fn signalled() {
         () = terminate => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+}
+
+/// `on` or `off` from `key`.
+fn switch(config: &Config, key: &Key) -> Result<bool, ProcessError> {
+    match config.require(key)? {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(refused(key, &format!("`{other}` is neither on nor off"))),
+    }
+}
+
+/// `key` cannot be honoured, for `why`.
+fn refused(key: &Key, why: &str) -> ProcessError {
+    ComposeError::Invalid {
+        key: key.describe(),
+        message: why.to_owned(),
+    }
+    .into()
 }
 
 /// A positive whole number from `key`.

@@ -84,7 +84,7 @@ async fn the_readme_worker_processes_its_jobs_once_answers_probes_and_stops_on_s
         url, db.url,
         "the test database's URL names the postgres user"
     );
-    let mut child = Reaped(
+    let child = Reaped(
         Command::new(example("worker"))
             .env("DATABASE_URL", &url)
             .env("JOBS_HTTP_ADDR", format!("127.0.0.1:{port}"))
@@ -125,14 +125,7 @@ async fn the_readme_worker_processes_its_jobs_once_answers_probes_and_stops_on_s
         "{metrics}"
     );
 
-    let pid = child.0.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status();
-    assert!(killed.expect("kill runs").success());
-    let exited = eventually("the process exits", async || child.0.try_wait().ok()?).await;
-    let mut log = String::new();
-    if let Some(mut stderr) = child.0.stderr.take() {
-        std::io::Read::read_to_string(&mut stderr, &mut log).expect("its log");
-    }
+    let (exited, log) = terminate(child).await;
     assert!(exited.success(), "exit status {exited}: {log}");
     assert!(log.contains("worker process started"), "{log}");
     assert!(log.contains("worker process stopped"), "{log}");
@@ -293,4 +286,176 @@ fn the_readme_shows_the_example_as_it_is_and_lists_every_metric_the_runtime_emit
             );
         }
     }
+}
+
+/// Counts the jobs each run handles.
+#[derive(Clone, Default)]
+struct Counted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait::async_trait]
+impl<Tx: Send + 'static> Handler<Tx> for Counted {
+    type Data = serde_json::Value;
+
+    async fn handle(&self, _: Job<serde_json::Value>, _: &mut Tx) -> Result<(), JobError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_asked_to_relays_its_outbox_and_ticks_the_cron_scheduler() {
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    PgStore::from_pool(pool.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
+    let job =
+        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
+    let mut tx = pool.begin().await.expect("begin");
+    jobs_adapter_postgres::Outbox::new()
+        .publish_in(&mut tx, &queue, &job, Default::default())
+        .await
+        .expect("into the outbox");
+    tx.commit().await.expect("commit");
+
+    let handled = Counted::default();
+    let port = free_port().to_string();
+    let addr = format!("127.0.0.1:{port}");
+    let process = WorkerProcess::<PgStore>::with_config(config(&[
+        ("DATABASE_URL", &db.url),
+        ("JOBS_HTTP_ADDR", &addr),
+        ("JOBS_OUTBOX_RELAY", "on"),
+        ("JOBS_CRON", "on"),
+    ]))
+    .queue("billing.invoices", "billing.booker", {
+        let handled = handled.clone();
+        |w| w.handler("billing.invoice_issued".parse().expect("a kind"), handled)
+    })
+    .start()
+    .await
+    .expect("starts");
+    eventually("the outbox's job relayed and handled", async || {
+        (handled.0.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    let cron_jobs = eventually("the cron scheduler's first tick", async || {
+        let n: i64 = sqlx::query_scalar("select count(*) from core.jobs where queue like 'core.%'")
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+        (n > 0).then_some(n)
+    })
+    .await;
+    assert!(cron_jobs > 0);
+    let outbox: i64 = sqlx::query_scalar("select count(*) from core.outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(outbox, 0, "the outbox drained");
+    process.stop().await;
+    pool.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_process_refuses_cron_without_a_tenant_directory_naming_the_key() {
+    let file = std::env::temp_dir().join(format!("jobs-process-{}.db", std::process::id()));
+    let url = format!("sqlite://{}", file.display());
+    let refused = WorkerProcess::<jobs_adapter_sqlite::SqliteStore>::with_config(config(&[
+        ("DATABASE_URL", &url),
+        ("JOBS_QUEUE_URL", "memory:"),
+        ("JOBS_CRON", "on"),
+    ]))
+    .queue("billing.invoices", "billing.booker", |w| {
+        w.handler(
+            "billing.invoice_issued".parse().expect("a kind"),
+            Counted::default(),
+        )
+    })
+    .start()
+    .await
+    .err()
+    .expect("refused");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        refused
+            .to_string()
+            .starts_with("JOBS_CRON (cron in jobs.toml): the tenants live in PostgreSQL"),
+        "{refused}"
+    );
+}
+
+/// Sends SIGTERM to `child` and waits for it.
+async fn terminate(mut child: Reaped) -> (std::process::ExitStatus, String) {
+    let pid = child.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(killed.expect("kill runs").success());
+    let exited = eventually("the process exits", async || child.0.try_wait().ok()?).await;
+    let mut log = String::new();
+    if let Some(mut stderr) = child.0.stderr.take() {
+        std::io::Read::read_to_string(&mut stderr, &mut log).expect("its log");
+    }
+    (exited, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobsctl_runs_the_outbox_relay_and_the_cron_scheduler_until_sigterm() {
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    PgStore::from_pool(pool.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
+    let job =
+        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
+    let mut tx = pool.begin().await.expect("begin");
+    jobs_adapter_postgres::Outbox::new()
+        .publish_in(&mut tx, &queue, &job, Default::default())
+        .await
+        .expect("into the outbox");
+    tx.commit().await.expect("commit");
+    let queue_url = db.url.replacen("postgres://", "postgres-queue://", 1);
+    let jobsctl = |command: &[&str]| {
+        Reaped(
+            Command::new(env!("CARGO_BIN_EXE_jobsctl"))
+                .args(command)
+                .args(["--database-url", &db.url, "--queue-url", &queue_url])
+                .env("JOBS_CONFIG", "/dev/null")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("jobsctl starts"),
+        )
+    };
+    let count = async |sql: &str| -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&pool)
+            .await
+            .expect("count")
+    };
+
+    let relay = jobsctl(&["outbox", "relay"]);
+    eventually("the row relayed", async || {
+        let moved = count("select count(*) from core.jobs where queue = 'billing.invoices'").await;
+        let left = count("select count(*) from core.outbox").await;
+        (moved == 1 && left == 0).then_some(())
+    })
+    .await;
+    let (exited, log) = terminate(relay).await;
+    assert!(exited.success(), "{exited}: {log}");
+    assert!(log.contains("outbox relay stopped"), "{log}");
+
+    let cron = jobsctl(&["cron", "run"]);
+    eventually("the first tick's jobs", async || {
+        (count("select count(*) from core.jobs where queue like 'core.%'").await > 0).then_some(())
+    })
+    .await;
+    let (exited, log) = terminate(cron).await;
+    assert!(exited.success(), "{exited}: {log}");
+    assert!(log.contains("cron scheduler stopped"), "{log}");
+    pool.close().await;
+    db.drop_db().await;
 }
