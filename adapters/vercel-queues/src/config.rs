@@ -191,6 +191,7 @@ pub struct VercelQueuesConfig {
     pub(crate) timeout: Duration,
     pub(crate) max_retries: u32,
     pub(crate) max_backoff: Duration,
+    pub(crate) trust_pushed_payload: bool,
 }
 
 /// The consumer group used unless configured: one group, every worker sharing its messages.
@@ -211,6 +212,7 @@ impl VercelQueuesConfig {
             timeout: Duration::from_secs(30),
             max_retries: 3,
             max_backoff: Duration::from_secs(10),
+            trust_pushed_payload: false,
         }
     }
 
@@ -244,6 +246,16 @@ impl VercelQueuesConfig {
     /// Isolates messages per deployment (`Vqs-Deployment-Id`); by default they are shared.
     pub fn deployment_id(mut self, id: impl Into<String>) -> VercelQueuesConfig {
         self.deployment_id = Some(id.into());
+        self
+    }
+
+    /// Runs a callback's pushed payload without first confirming its receipt handle with
+    /// Vercel. Binary-mode callbacks carry no signature: by default a pushed payload runs only
+    /// once a visibility change on its receipt handle, made with this adapter's credentials,
+    /// shows the lease is real (one extra round trip), so a forged callback with a made-up
+    /// handle runs nothing. Trust it only on a route that only the platform can reach.
+    pub fn trust_pushed_payload(mut self) -> VercelQueuesConfig {
+        self.trust_pushed_payload = true;
         self
     }
 

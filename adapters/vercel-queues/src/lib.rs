@@ -552,6 +552,12 @@ impl VercelQueues {
     }
 
     /// Makes the message invisible for `secs` from now (Vercel's visibility `PATCH`).
+    /// Sets the visibility of a pushed delivery's lease, which answers `LeaseLost` unless the
+    /// receipt handle is a live lease of our consumer group.
+    pub(crate) async fn confirm_lease(&self, lease: &Lease, secs: u64) -> Result<(), QueueError> {
+        self.set_visibility(lease, secs).await.map(drop)
+    }
+
     async fn set_visibility(&self, lease: &Lease, secs: u64) -> Result<Answer, QueueError> {
         let body = serde_json::to_vec(&serde_json::json!({ "visibilityTimeoutSeconds": secs }))?;
         self.lease_call(lease, Method::PATCH, Some(body)).await

@@ -16,11 +16,15 @@
 //!
 //! Nothing here depends on a web framework: give [`VercelQueues::handle_push`] the request's
 //! headers and body, and turn the reply into your framework's response.
+//!
+//! Callbacks carry no signature, so a pushed payload runs only after its receipt handle is
+//! confirmed as a live lease of ours (a visibility change with our credentials), unless the
+//! configuration trusts pushed payloads (`VercelQueuesConfig::trust_pushed_payload`).
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use jobs_core::{Delivery, QueueError, QueueName};
+use jobs_core::{Delivery, Lease, QueueError, QueueName};
 use reqwest::header::{ACCEPT, HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
 use thiserror::Error;
@@ -230,6 +234,28 @@ impl VercelQueues {
             let attempt =
                 crate::attempts_spent(p.content_type.as_deref()) + p.delivery_count.max(1);
             let expires = p.visibility_deadline.unwrap_or(now + DEFAULT_PUSH_LEASE);
+            if !self.config().trust_pushed_payload {
+                // The message is leased to this callback, so receiving it by id would be
+                // refused (409): the lease itself is what can be checked.
+                let lease = Lease::new(
+                    queue.clone(),
+                    crate::lease_token(&consumer_group, &p.receipt_handle),
+                    expires,
+                );
+                let secs = seconds(expires.duration_since(now).unwrap_or_default())
+                    .clamp(1, MAX_VISIBILITY.as_secs());
+                match self.confirm_lease(&lease, secs).await {
+                    Ok(()) => {}
+                    Err(QueueError::LeaseLost { .. }) => {
+                        tracing::warn!(%queue, %message_id, "a pushed callback's receipt handle is no lease of ours; nothing runs");
+                        return Ok(PushTake::Skipped(PushReply::Skipped {
+                            reason: SkipReason::NotAvailable,
+                            message_id,
+                        }));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             return Ok(PushTake::Delivery(self.track(
                 &queue,
                 &consumer_group,

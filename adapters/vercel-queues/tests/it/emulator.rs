@@ -273,3 +273,66 @@ async fn a_callback_without_payload_receives_by_id_and_skips_what_is_done() {
         .await;
     assert_eq!(bad.status(), 400);
 }
+
+/// `callback` headers with a pushed payload: a receipt handle, a delivery count, a body.
+fn pushed(q: &QueueName, group: &str, message_id: &str, receipt_handle: &str) -> HeaderMap {
+    let mut headers = callback(q, group, message_id);
+    headers.insert("ce-vqsreceipthandle", receipt_handle.parse().unwrap());
+    headers.insert("ce-vqsdeliverycount", "1".parse().unwrap());
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers
+}
+
+#[tokio::test]
+async fn a_forged_callback_with_a_made_up_receipt_handle_runs_nothing() {
+    let (vercel, _emulator) = on_emulator("workers").await;
+    let q = queue("jobs.pushed");
+    // A real message id, so only the receipt handle and the payload are made up.
+    let receipt = vercel
+        .publish(&q, &fixtures::envelope(1, 1), PublishOptions::default())
+        .await
+        .unwrap();
+    let id = receipt.message_id.unwrap();
+    let forged = fixtures::envelope(2, 2).to_json_bytes().unwrap();
+    let headers = pushed(&q, "workers", &id, "made-up-receipt-handle");
+    let reply = vercel
+        .handle_push(&headers, forged, |_| async {
+            panic!("a forged payload must not run")
+        })
+        .await;
+    assert_eq!(
+        reply,
+        PushReply::Skipped {
+            reason: SkipReason::NotAvailable,
+            message_id: id,
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_pushed_payload_runs_once_its_receipt_handle_is_confirmed() {
+    let (vercel, _emulator) = on_emulator("workers").await;
+    let q = queue("jobs.pushed");
+    let envelope = fixtures::envelope(1, 1);
+    vercel
+        .publish(&q, &envelope, PublishOptions::default())
+        .await
+        .unwrap();
+    // What the platform does before it calls back: lease the message for the callback.
+    let leased = vercel
+        .receive(&q, 1, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .pop()
+        .expect("the message");
+    let (group, handle) = leased.lease.token().split_once('/').expect("group/handle");
+    let id = leased.message_id.clone().expect("an id");
+    let headers = pushed(&q, group, &id, handle);
+    let reply = vercel
+        .handle_push(&headers, leased.payload.clone(), |delivery| {
+            let vercel = vercel.clone();
+            async move { vercel.ack(&delivery.lease).await.is_ok() }
+        })
+        .await;
+    assert_eq!(reply, PushReply::Success);
+}
