@@ -805,6 +805,12 @@ where
         }
     }
 
+    /// Whether [`Worker::run`] has a transport to pull from (built with
+    /// [`Worker::builder`]), rather than deliveries pushed through [`Worker::process`].
+    pub fn pulls(&self) -> bool {
+        self.pull.is_some()
+    }
+
     /// The queue this worker consumes.
     pub fn queue(&self) -> &QueueName {
         &self.queue

@@ -417,6 +417,8 @@ pub const KEYS: &[Key] = &[
     SHUTDOWN_GRACE,
     CRON,
     OUTBOX_RELAY,
+    VERCEL_QUEUES_PUSH,
+    VERCEL_QUEUES_TRUST_PUSHED,
 ];
 
 /// The queue URL schemes this build composes (the adapters' cargo features choose them).
@@ -1017,6 +1019,9 @@ fn vercel_queues(config: &Config, url: &str) -> Result<VercelQueues, ComposeErro
     if let Some(id) = config.get(&VERCEL_DEPLOYMENT_ID) {
         settings = settings.deployment_id(id);
     }
+    if config.get(&VERCEL_QUEUES_TRUST_PUSHED) == Some("on") {
+        settings = settings.trust_pushed_payload();
+    }
     VercelQueues::new(settings).map_err(|e| invalid(&QUEUE_URL, &e))
 }
 
@@ -1051,6 +1056,40 @@ fn qstash(config: &Config, url: &str) -> Result<QStashQueue, ComposeError> {
         .with_destination_template(Destination::new(config.require(&QSTASH_DESTINATION)?))
         .map_err(|e| invalid(&QSTASH_DESTINATION, e.to_string()))?;
     QStashQueue::new(settings).map_err(|e| invalid(&QUEUE_URL, e.to_string()))
+}
+
+/// Whether a worker process takes Vercel Queues' push callbacks instead of pulling.
+pub const VERCEL_QUEUES_PUSH: Key = Key {
+    name: "vercel_queues.push",
+    flag: None,
+    env: "VERCEL_QUEUES_PUSH",
+    default: Some("off"),
+    secret: false,
+    about: "on: a worker process serves Vercel Queues' callbacks on POST /vercel/queues instead of pulling",
+};
+
+/// Whether pushed callback payloads run without their receipt handle being confirmed.
+pub const VERCEL_QUEUES_TRUST_PUSHED: Key = Key {
+    name: "vercel_queues.trust_pushed_payload",
+    flag: None,
+    env: "VERCEL_QUEUES_TRUST_PUSHED_PAYLOAD",
+    default: Some("off"),
+    secret: false,
+    about: "on: run pushed payloads unconfirmed (only on a route the platform alone can reach)",
+};
+
+/// The Vercel Queues transport [`QUEUE_URL`] names, as its own type (a worker process
+/// answers its callbacks with it).
+#[cfg(feature = "vercel-queues")]
+pub fn vercel_queues_of(config: &Config) -> Result<VercelQueues, ComposeError> {
+    vercel_queues(config, config.require(&QUEUE_URL)?)
+}
+
+/// The QStash transport [`QUEUE_URL`] names (`qstash:` or `qstash://REGION`), as its own
+/// type: a worker process also needs it to republish deferrals.
+#[cfg(feature = "qstash")]
+pub fn qstash_queue(config: &Config) -> Result<QStashQueue, ComposeError> {
+    qstash(config, config.require(&QUEUE_URL)?)
 }
 
 /// The keys QStash signs deliveries with, from [`QSTASH_CURRENT_SIGNING_KEY`] and

@@ -41,6 +41,13 @@
 //! | `/healthz` | every worker's loop turns ([`Worker::stuck`]) and none has ended | 503, naming the stuck queues |
 //! | `/readyz` | the store and the queue answered the last check (every 5 s, in the background) and no stop was asked | 503, with the reason |
 //! | `/metrics` | always: the runtime's metrics in the Prometheus text format | |
+//!
+//! A push transport's deliveries arrive on the same server: QStash's on `POST` at its
+//! destination's path (`QSTASH_DESTINATION`, `{queue}` replaced), verified by signature
+//! before anything is read; Vercel Queues' callbacks on `POST /vercel/queues` when
+//! `VERCEL_QUEUES_PUSH=on` (else its workers pull), each pushed payload run only once its
+//! receipt handle is confirmed as a lease of ours. A delivery for a queue the process does
+//! not serve is refused.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -152,11 +159,13 @@ pub struct Opened<S: WorkStore> {
     tenants: Option<Arc<dyn TenantDirectory>>,
     /// The outbox relay to the process's queue, when the store keeps an outbox.
     relay: Option<Standing>,
+    /// The routes of a push transport.
+    push: Option<PushRoutes<S>>,
     /// What the workers consume, for the start line.
     transport: String,
     publisher: Arc<dyn QueuePort>,
     depth: Option<Arc<dyn QueueDepth>>,
-    builder: Box<dyn Fn(ConsumerName, QueueName) -> WorkerBuilder<S> + Send + Sync>,
+    builder: Builders<S>,
     ping: Box<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>,
 }
 
@@ -189,39 +198,247 @@ where
     .into())
 }
 
-/// The transport [`QUEUE_URL`] names, refusing one that only pushes.
-async fn pulled_queue(config: &Config) -> Result<Queue, ProcessError> {
+/// The transport [`QUEUE_URL`] names for a store's workers: pulled per job, or, for QStash,
+/// delivered to routes of the process's HTTP server.
+struct Composed<S: WorkStore> {
+    builder: Builders<S>,
+    publisher: Arc<dyn QueuePort>,
+    depth: Option<Arc<dyn QueueDepth>>,
+    transport: String,
+    push: Option<PushRoutes<S>>,
+}
+
+/// Makes each queue's worker builder.
+type Builders<S> = Box<dyn Fn(ConsumerName, QueueName) -> WorkerBuilder<S> + Send + Sync>;
+
+/// The routes a push transport delivers to, given the workers they run.
+type PushRoutes<S> = Box<dyn FnOnce(&[Arc<Worker<S>>]) -> Result<Router, ProcessError> + Send>;
+
+async fn composed<S: ProcessStore>(config: &Config, store: &S) -> Result<Composed<S>, ProcessError>
+where
+    S::Tx: Send,
+{
     let queue = Queue::connect(config).await?;
-    if queue.consumer.is_none() {
+    let store = Arc::new(store.clone());
+    #[cfg(feature = "vercel-queues")]
+    if queue.scheme == "vercel-queues" && switch(config, &compose::VERCEL_QUEUES_PUSH)? {
+        return vercel_push(config, store, queue);
+    }
+    let Some(consumer) = queue.consumer.clone() else {
+        #[cfg(feature = "qstash")]
+        if queue.scheme == "qstash" {
+            return qstash_push(config, store, queue);
+        }
         return Err(ComposeError::Invalid {
             key: QUEUE_URL.describe(),
             message: format!(
-                "`{}:` pushes its deliveries; a worker process consumes pull transports only",
+                "`{}:` pushes its deliveries, and this build serves no route for it",
                 queue.scheme
             ),
         }
         .into());
-    }
+    };
     if !queue.durable {
         tracing::warn!(
             queue_url = %queue.scheme,
             "the queue lives in this process only: jobs left when it stops are lost"
         );
     }
-    Ok(queue)
+    Ok(Composed {
+        builder: Box::new(move |name, queue| {
+            Worker::builder_on(name, queue, consumer.clone(), store.clone())
+        }),
+        transport: format!("{}: (per job)", queue.scheme),
+        publisher: queue.publisher,
+        depth: queue.depth,
+        push: None,
+    })
 }
 
-/// Builders over a composed pull transport, per job.
-fn composed<S: ProcessStore>(
-    store: &S,
-    queue: &Queue,
-) -> Box<dyn Fn(ConsumerName, QueueName) -> WorkerBuilder<S> + Send + Sync>
+/// QStash delivers each queue's jobs to `POST` on the path of its destination
+/// ([`QSTASH_DESTINATION`](crate::compose::QSTASH_DESTINATION), `{queue}` replaced), each
+/// request's signature verified before anything of it is read (its `sub` claim must be that
+/// queue's URL, so a queue's route refuses another's deliveries).
+#[cfg(feature = "qstash")]
+fn qstash_push<S: ProcessStore>(
+    config: &Config,
+    store: Arc<S>,
+    queue: Queue,
+) -> Result<Composed<S>, ProcessError>
 where
     S::Tx: Send,
 {
-    let consumer = queue.consumer.clone().expect("a pull transport");
-    let store = Arc::new(store.clone());
-    Box::new(move |name, queue| Worker::builder_on(name, queue, consumer.clone(), store.clone()))
+    use jobs_adapter_qstash::{PushConsumer, Receiver};
+    let publisher = compose::qstash_queue(config)?;
+    let keys = compose::qstash_signing_keys(config)?;
+    let consumer = Arc::new(PushConsumer::default());
+    let settle = consumer.clone();
+    let routes: PushRoutes<S> = Box::new(move |workers| {
+        let mut router = Router::new();
+        for worker in workers {
+            let name = worker.queue().clone();
+            let url = publisher
+                .config()
+                .destination(&name)
+                .map(|d| d.url().to_owned())
+                .ok_or_else(|| {
+                    refused(
+                        &compose::QSTASH_DESTINATION,
+                        &format!("names no destination for `{name}`"),
+                    )
+                })?;
+            let path = url_path(&url).to_owned();
+            let receiver = Arc::new(
+                Receiver::new(name, url, keys.clone(), consumer.clone())
+                    .with_republisher(publisher.clone()),
+            );
+            let worker = worker.clone();
+            router = router.route(
+                &path,
+                axum::routing::post(
+                    move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                        let (receiver, worker) = (receiver.clone(), worker.clone());
+                        async move { qstash_delivery(&receiver, &worker, &headers, body).await }
+                    },
+                ),
+            );
+        }
+        Ok(router)
+    });
+    Ok(Composed {
+        builder: Box::new(move |name, queue| {
+            Worker::push_builder(name, queue, settle.clone(), store.clone(), store.clone())
+        }),
+        transport: "qstash: (pushed to this process's routes)".to_owned(),
+        publisher: queue.publisher,
+        depth: queue.depth,
+        push: Some(routes),
+    })
+}
+
+/// The path Vercel Queues' callbacks are served on.
+pub const VERCEL_CALLBACK_PATH: &str = "/vercel/queues";
+
+/// Vercel Queues calls `POST` [`VERCEL_CALLBACK_PATH`] once per message; the callback names
+/// its queue, and one of a queue this process does not serve is refused (400). A pushed
+/// payload runs only once its receipt handle is confirmed (ADR 0009).
+#[cfg(feature = "vercel-queues")]
+fn vercel_push<S: ProcessStore>(
+    config: &Config,
+    store: Arc<S>,
+    queue: Queue,
+) -> Result<Composed<S>, ProcessError>
+where
+    S::Tx: Send,
+{
+    let vercel = compose::vercel_queues_of(config)?;
+    // Settled through the composed transport, so a depth count sees the acks.
+    let Some(consumer) = queue.consumer.clone() else {
+        return Err(refused(&QUEUE_URL, "names no Vercel Queues consumer"));
+    };
+    let settle: Arc<dyn jobs_core::SettlePort> = consumer;
+    let routes: PushRoutes<S> = Box::new(move |workers| {
+        let served: Arc<std::collections::HashMap<QueueName, Arc<Worker<S>>>> = Arc::new(
+            workers
+                .iter()
+                .map(|w| (w.queue().clone(), w.clone()))
+                .collect(),
+        );
+        Ok(Router::new().route(
+            VERCEL_CALLBACK_PATH,
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let (vercel, served) = (vercel.clone(), served.clone());
+                    async move { vercel_callback(&vercel, &served, &headers, body).await }
+                },
+            ),
+        ))
+    });
+    Ok(Composed {
+        builder: Box::new(move |name, queue| {
+            Worker::push_builder(name, queue, settle.clone(), store.clone(), store.clone())
+        }),
+        transport: format!("vercel-queues: (callbacks on POST {VERCEL_CALLBACK_PATH})"),
+        publisher: queue.publisher,
+        depth: queue.depth,
+        push: Some(routes),
+    })
+}
+
+/// One Vercel Queues callback through the worker of its queue.
+#[cfg(feature = "vercel-queues")]
+async fn vercel_callback<S: WorkStore>(
+    vercel: &jobs_adapter_vercel_queues::VercelQueues,
+    served: &std::collections::HashMap<QueueName, Arc<Worker<S>>>,
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> (StatusCode, String)
+where
+    S::Tx: Send,
+{
+    use jobs_adapter_vercel_queues::push::{PushCallback, PushReply};
+    let reply = match PushCallback::parse(headers, body.to_vec()) {
+        Err(e) => PushReply::BadRequest(e.to_string()),
+        Ok(callback) => match served.get(callback.queue()) {
+            None => PushReply::BadRequest(format!(
+                "this process does not serve `{}`",
+                callback.queue()
+            )),
+            Some(worker) => {
+                vercel
+                    .handle_push(headers, body.to_vec(), |delivery| async move {
+                        !matches!(
+                            worker.process(delivery).await,
+                            jobs_consumers::Outcome::Unsettled { .. }
+                        )
+                    })
+                    .await
+            }
+        },
+    };
+    let status = StatusCode::from_u16(reply.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, reply.body())
+}
+
+/// One QStash delivery through `worker`, answered as the receiver says.
+#[cfg(feature = "qstash")]
+async fn qstash_delivery<S: WorkStore>(
+    receiver: &jobs_adapter_qstash::Receiver,
+    worker: &Worker<S>,
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response
+where
+    S::Tx: Send,
+{
+    use axum::response::IntoResponse;
+    use jobs_adapter_qstash::{Processed, PushRequest};
+    let request = PushRequest::from_headers(headers, body.to_vec());
+    let answer = receiver
+        .handle(request, |delivery| async move {
+            match worker.process(delivery).await {
+                jobs_consumers::Outcome::DeadLettered { .. } => Processed::DeadLettered,
+                _ => Processed::Settled,
+            }
+        })
+        .await;
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, answer.body).into_response();
+    for (name, value) in answer.headers {
+        if let Ok(value) = axum::http::HeaderValue::from_str(&value) {
+            response
+                .headers_mut()
+                .insert(axum::http::HeaderName::from_static(name), value);
+        }
+    }
+    response
+}
+
+/// The path of `url` (`/qstash/billing.invoices` of `https://app.example/qstash/billing.invoices`).
+#[cfg(feature = "qstash")]
+fn url_path(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.find('/').map_or("/", |at| &rest[at..])
 }
 
 #[cfg(feature = "postgres")]
@@ -257,15 +474,16 @@ impl ProcessStore for PgStore {
             .setting(&QUEUE_URL)
             .is_none_or(|s| s.source == compose::Source::Default);
         if !own_queue {
-            let queue = pulled_queue(config).await?;
+            let composed = composed(config, &store).await?;
             return Ok(Opened {
-                builder: composed(&store, &queue),
-                transport: format!("{}: (per job)", queue.scheme),
+                builder: composed.builder,
+                transport: composed.transport,
                 tenants: Some(pg_tenants(&store)),
-                relay: Some(pg_relay(&store, queue.publisher.clone())),
+                relay: Some(pg_relay(&store, composed.publisher.clone())),
+                push: composed.push,
                 store,
-                publisher: queue.publisher.clone(),
-                depth: queue.depth.clone(),
+                publisher: composed.publisher,
+                depth: composed.depth,
                 ping,
             });
         }
@@ -286,6 +504,7 @@ impl ProcessStore for PgStore {
         Ok(Opened {
             tenants: Some(pg_tenants(&store)),
             relay: Some(pg_relay(&store, queue.clone())),
+            push: None,
             store,
             transport: "the PostgreSQL queue in the store's database (grouped)".to_owned(),
             publisher: queue.clone(),
@@ -328,17 +547,18 @@ impl ProcessStore for SqliteStore {
         let compose::Store::Sqlite(store) = compose::Store::connect(config).await? else {
             unreachable!("the scheme was checked");
         };
-        let queue = pulled_queue(config).await?;
+        let composed = composed(config, &store).await?;
         let pool = store.pool().clone();
         Ok(Opened {
-            builder: composed(&store, &queue),
-            transport: format!("{}: (per job)", queue.scheme),
+            builder: composed.builder,
+            transport: composed.transport,
             // SQLite keeps neither tenants nor an outbox.
             tenants: None,
             relay: None,
+            push: composed.push,
             store,
-            publisher: queue.publisher.clone(),
-            depth: queue.depth.clone(),
+            publisher: composed.publisher,
+            depth: composed.depth,
             ping: Box::new(move || {
                 let pool = pool.clone();
                 Box::pin(async move {
@@ -489,7 +709,7 @@ where
             .saturating_add(2)
             .saturating_mul(queues)
             .saturating_add(1);
-        let opened = S::open(&config, connections).await?;
+        let mut opened = S::open(&config, connections).await?;
         let alerts = CoalescingAlerter::new(
             compose::alerter(&config)?,
             Arc::new(SystemClock),
@@ -561,6 +781,10 @@ where
             };
             loops.push(start);
         }
+        let push = match opened.push.take() {
+            Some(routes) => routes(&workers)?,
+            None => Router::new(),
+        };
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ProcessError::Listen {
@@ -587,13 +811,14 @@ where
             workers[0].queue().clone(),
             stopped.clone(),
         ));
-        let server = tokio::spawn(serve(listener, state.clone(), stopped.clone()));
+        let server = tokio::spawn(serve(listener, state.clone(), push, stopped.clone()));
         let standing: Vec<JoinHandle<()>> = loops
             .into_iter()
             .map(|start| tokio::spawn(start(stopped.clone())))
             .collect();
         let mut running = Vec::with_capacity(workers.len());
-        for worker in &workers {
+        // A push transport's workers run from its routes; the others pull in a loop.
+        for worker in workers.iter().filter(|w| w.pulls()) {
             let mut stopped = stopped.clone();
             let until = async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
@@ -614,7 +839,7 @@ where
             ?config,
             store = S::ENGINE,
             transport = %opened.transport,
-            queues = ?running.iter().map(|(q, _)| q.to_string()).collect::<Vec<_>>(),
+            queues = ?workers.iter().map(|w| w.queue().to_string()).collect::<Vec<_>>(),
             concurrency,
             connections,
             http = %addr,
@@ -819,13 +1044,15 @@ async fn check_readiness(
 async fn serve(
     listener: tokio::net::TcpListener,
     probes: Arc<Probes>,
+    push: Router,
     mut stopped: watch::Receiver<bool>,
 ) {
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(probes);
+        .with_state(probes)
+        .merge(push);
     let served = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     });

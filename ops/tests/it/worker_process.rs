@@ -36,10 +36,28 @@ fn free_port() -> u16 {
 
 /// `GET path` on `port`: the status and the body, or `None` while nothing answers.
 async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    request(port, &format!("GET {path}"), &[], "").await
+}
+
+/// `line` (`POST /path`) on `port` with `headers` and `body`: the status and the body.
+async fn request(
+    port: u16,
+    line: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<(u16, String)> {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    let headers: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
+    let request = format!(
+        "{line} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{headers}\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer).await.ok()?;
@@ -456,6 +474,176 @@ async fn jobsctl_runs_the_outbox_relay_and_the_cron_scheduler_until_sigterm() {
     let (exited, log) = terminate(cron).await;
     assert!(exited.success(), "{exited}: {log}");
     assert!(log.contains("cron scheduler stopped"), "{log}");
+    pool.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qstash_process_runs_what_qstash_delivers_to_its_routes_and_nothing_forged() {
+    let fake = jobs_testkit::fakes::qstash::FakeQStash::start()
+        .await
+        .expect("the fake starts");
+    fake.set_retry_scale(0.0);
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    PgStore::from_pool(pool.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let destination = format!("http://127.0.0.1:{port}/qstash/{{queue}}");
+    let handled = Counted::default();
+    let process = WorkerProcess::<PgStore>::with_config(config(&[
+        ("DATABASE_URL", &db.url),
+        ("JOBS_HTTP_ADDR", &addr),
+        ("JOBS_QUEUE_URL", "qstash:"),
+        ("QSTASH_TOKEN", fake.token()),
+        ("QSTASH_URL", fake.base_url()),
+        ("QSTASH_DESTINATION", &destination),
+        ("QSTASH_CURRENT_SIGNING_KEY", fake.current_signing_key()),
+        ("QSTASH_NEXT_SIGNING_KEY", fake.next_signing_key()),
+    ]))
+    .queue("billing.invoices", "billing.booker", {
+        let handled = handled.clone();
+        |w| w.handler("billing.invoice_issued".parse().expect("a kind"), handled)
+    })
+    .start()
+    .await
+    .expect("starts");
+    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
+    let job =
+        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
+    process
+        .publisher()
+        .publish(&queue, &job, Default::default())
+        .await
+        .expect("published to QStash");
+    eventually("QStash's delivery handled", async || {
+        (handled.0.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    let processed: i64 = sqlx::query_scalar("select count(*) from core.processed_jobs")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(processed, 1, "committed with its claim");
+
+    // A request that QStash did not sign runs nothing, whatever it carries.
+    let forged =
+        jobs_testkit::fixtures::envelope_with(2, "billing.invoice_issued", serde_json::json!({}));
+    let body = String::from_utf8(forged.to_json_bytes().expect("json")).expect("utf-8");
+    let (status, _) = request(
+        port,
+        "POST /qstash/billing.invoices",
+        &[
+            ("upstash-signature", "forged.jwt.token"),
+            ("content-type", "application/json"),
+        ],
+        &body,
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(status, 401);
+    let (status, _) = request(port, "POST /qstash/other.queue", &[], &body)
+        .await
+        .expect("an answer");
+    assert_eq!(
+        status, 404,
+        "no route for a queue the process does not serve"
+    );
+    assert_eq!(handled.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(
+        get(port, "/healthz").await,
+        Some((200, "alive\n".to_owned()))
+    );
+    process.stop().await;
+    pool.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vercel_push_process_runs_real_callbacks_and_nothing_forged() {
+    let emulator = jobs_testkit::emulators::VercelQueuesEmulator::start().await;
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    PgStore::from_pool(pool.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let handled = Counted::default();
+    let process = WorkerProcess::<PgStore>::with_config(config(&[
+        ("DATABASE_URL", &db.url),
+        ("JOBS_HTTP_ADDR", &addr),
+        ("JOBS_QUEUE_URL", "vercel-queues://iad1"),
+        ("VERCEL_OIDC_TOKEN", "a-token"),
+        ("VERCEL_QUEUES_BASE_URL", emulator.base_url()),
+        ("VERCEL_QUEUES_PUSH", "on"),
+    ]))
+    .queue("billing.invoices", "billing.booker", {
+        let handled = handled.clone();
+        |w| w.handler("billing.invoice_issued".parse().expect("a kind"), handled)
+    })
+    .start()
+    .await
+    .expect("starts");
+    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
+    let topic = jobs_adapter_vercel_queues::topic_of(&queue);
+    let job =
+        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
+    let receipt = process
+        .publisher()
+        .publish(&queue, &job, Default::default())
+        .await
+        .expect("published");
+    let id = receipt.message_id.expect("a message id");
+    let callback = |message_id: &str, topic: &str| {
+        vec![
+            ("ce-type".to_owned(), "com.vercel.queue.v2beta".to_owned()),
+            ("ce-vqsqueuename".to_owned(), topic.to_owned()),
+            ("ce-vqsconsumergroup".to_owned(), "workers".to_owned()),
+            ("ce-vqsmessageid".to_owned(), message_id.to_owned()),
+        ]
+    };
+    let post = async |headers: Vec<(String, String)>, body: &str| {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        request(port, "POST /vercel/queues", &headers, body)
+            .await
+            .expect("an answer")
+    };
+
+    // A forged callback: a made-up receipt handle and an envelope of any tenant.
+    let forged =
+        jobs_testkit::fixtures::envelope_with(9, "billing.invoice_issued", serde_json::json!({}));
+    let mut headers = callback(&id, &topic);
+    headers.push(("ce-vqsreceipthandle".to_owned(), "made-up".to_owned()));
+    headers.push(("ce-vqsdeliverycount".to_owned(), "1".to_owned()));
+    headers.push(("content-type".to_owned(), "application/json".to_owned()));
+    let body = String::from_utf8(forged.to_json_bytes().expect("json")).expect("utf-8");
+    let (status, answer) = post(headers, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("skipped"), "{answer}");
+    assert_eq!(
+        handled.0.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing ran"
+    );
+
+    // A callback for a queue this process does not serve.
+    let other = jobs_adapter_vercel_queues::topic_of(&"other.queue".parse().expect("a queue"));
+    let (status, answer) = post(callback(&id, &other), "").await;
+    assert_eq!(status, 400, "{answer}");
+
+    // The platform's callback without payload: received by id, run, settled.
+    let (status, answer) = post(callback(&id, &topic), "").await;
+    assert_eq!((status, answer.as_str()), (200, r#"{"status":"success"}"#));
+    assert_eq!(handled.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    process.stop().await;
     pool.close().await;
     db.drop_db().await;
 }
