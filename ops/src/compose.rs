@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 #[cfg(feature = "betterstack")]
@@ -369,6 +370,16 @@ pub const SHUTDOWN_GRACE: Key = Key {
     about: "how long in-flight jobs may finish after SIGTERM (e.g. 30s, 2m, 500ms)",
 };
 
+/// How long connecting to the store may take before it fails with its cause.
+pub const CONNECT_TIMEOUT: Key = Key {
+    name: "connect_timeout",
+    flag: None,
+    env: "JOBS_CONNECT_TIMEOUT",
+    default: Some("5s"),
+    secret: false,
+    about: "how long the first connection to PostgreSQL may take (e.g. 5s, 500ms)",
+};
+
 /// Whether a worker process runs the cron scheduler.
 pub const CRON: Key = Key {
     name: "cron",
@@ -415,6 +426,7 @@ pub const KEYS: &[Key] = &[
     LOG_FORMAT,
     CONCURRENCY,
     SHUTDOWN_GRACE,
+    CONNECT_TIMEOUT,
     CRON,
     OUTBOX_RELAY,
     VERCEL_QUEUES_PUSH,
@@ -674,6 +686,21 @@ fn flatten(
     Ok(())
 }
 
+/// `500ms`, `30s`, `2m` or `1h`, at most a day.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().ok()?;
+    let ms = match unit {
+        "ms" => n,
+        "s" => n.checked_mul(1_000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    (ms <= 86_400_000).then(|| Duration::from_millis(ms))
+}
+
 /// The scheme of a URL: what precedes the first `:` (`memory` for `memory:`).
 pub fn scheme(url: &str) -> &str {
     url.split_once(':').map_or(url, |(scheme, _)| scheme)
@@ -773,7 +800,15 @@ impl Store {
             }
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => {
-                let store = PgStore::connect(url).await.map_err(ComposeError::Store)?;
+                let value = config.require(&CONNECT_TIMEOUT)?;
+                let timeout = parse_duration(value).ok_or_else(|| ComposeError::Invalid {
+                    key: CONNECT_TIMEOUT.describe(),
+                    message: format!("`{value}` is not a duration such as 5s or 500ms"),
+                })?;
+                let options = jobs_adapter_postgres::sqlx::postgres::PgPoolOptions::new();
+                let store = PgStore::connect_with(url, options, timeout)
+                    .await
+                    .map_err(ComposeError::Store)?;
                 Ok(Store::Postgres(store))
             }
             _ => Err(config.unsupported(&DATABASE_URL, STORE_SCHEMES)),

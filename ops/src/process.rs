@@ -451,7 +451,9 @@ impl ProcessStore for PgStore {
     /// (`WorkerBuilder::grouped`), unless [`QUEUE_URL`] names another transport.
     async fn open(config: &Config, connections: u32) -> Result<Opened<PgStore>, ProcessError> {
         let url = expect_engine::<PgStore>(config)?;
-        let store = PgStore::connect_sized(url, connections)
+        let timeout = duration(config, &compose::CONNECT_TIMEOUT)?;
+        let options = PgStore::pool_options(connections);
+        let store = PgStore::connect_with(url, options, timeout)
             .await
             .map_err(ComposeError::Store)?;
         let pool = store.pool().clone();
@@ -811,7 +813,9 @@ where
             workers[0].queue().clone(),
             stopped.clone(),
         ));
-        let server = tokio::spawn(serve(listener, state.clone(), push, stopped.clone()));
+        // The endpoints outlive the workers' drain: /readyz says 503 while it lasts.
+        let (server_stop, server_stopped) = watch::channel(false);
+        let server = tokio::spawn(serve(listener, state.clone(), push, server_stopped));
         let standing: Vec<JoinHandle<()>> = loops
             .into_iter()
             .map(|start| tokio::spawn(start(stopped.clone())))
@@ -852,6 +856,7 @@ where
             probes: state,
             workers: running,
             server,
+            server_stop,
             checks,
             standing,
             store: opened.store,
@@ -867,6 +872,8 @@ pub struct Running<S> {
     probes: Arc<Probes>,
     workers: Vec<(QueueName, JoinHandle<Drained>)>,
     server: JoinHandle<()>,
+    /// Stops the endpoints, once the workers have drained.
+    server_stop: watch::Sender<bool>,
     checks: JoinHandle<()>,
     /// The cron scheduler and the outbox relay, when configured.
     standing: Vec<JoinHandle<()>>,
@@ -929,6 +936,7 @@ impl<S> Running<S> {
             }
         }
         self.checks.abort();
+        self.server_stop.send_replace(true);
         let _ = self.server.await;
         tracing::info!("worker process stopped");
     }
@@ -1180,30 +1188,15 @@ fn positive(config: &Config, key: &Key) -> Result<usize, ProcessError> {
 }
 
 /// A duration from `key`: a whole number with `ms`, `s`, `m` or `h`.
-fn duration(config: &Config, key: &Key) -> Result<Duration, ProcessError> {
+pub(crate) fn duration(config: &Config, key: &Key) -> Result<Duration, ProcessError> {
     let value = config.require(key)?;
-    parse_duration(value).ok_or_else(|| {
+    compose::parse_duration(value).ok_or_else(|| {
         ComposeError::Invalid {
             key: key.describe(),
             message: format!("`{value}` is not a duration such as 500ms, 30s, 2m or 1h"),
         }
         .into()
     })
-}
-
-/// `500ms`, `30s`, `2m` or `1h`, at most a day.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().ok()?;
-    let ms = match unit {
-        "ms" => n,
-        "s" => n.checked_mul(1_000)?,
-        "m" => n.checked_mul(60_000)?,
-        "h" => n.checked_mul(3_600_000)?,
-        _ => return None,
-    };
-    (ms <= 86_400_000).then(|| Duration::from_millis(ms))
 }
 
 fn socket_addr(config: &Config) -> Result<SocketAddr, ProcessError> {
@@ -1219,11 +1212,89 @@ fn socket_addr(config: &Config) -> Result<SocketAddr, ProcessError> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
-    use std::time::Duration;
+    use super::*;
+
+    /// A worker as the health check sees it, stuck or not as told.
+    struct Seen(QueueName, Option<Duration>);
+
+    impl Turning for Seen {
+        fn queue(&self) -> &QueueName {
+            &self.0
+        }
+        fn stuck(&self) -> Option<Duration> {
+            self.1
+        }
+    }
+
+    fn probes(workers: Vec<Arc<dyn Turning>>) -> Probes {
+        Probes {
+            workers,
+            ended: Mutex::default(),
+            stopping: AtomicBool::new(false),
+            readiness: Mutex::new(Ok(())),
+            metrics: metrics_handle(),
+        }
+    }
+
+    #[test]
+    fn health_fails_on_a_stuck_or_ended_loop_and_readiness_on_a_stop() {
+        let queue = |name: &str| name.parse::<QueueName>().expect("a queue");
+        let stuck = probes(vec![
+            Arc::new(Seen(queue("billing.invoices"), None)),
+            Arc::new(Seen(queue("notify.email"), Some(Duration::from_secs(95)))),
+        ]);
+        let why = stuck.health().expect_err("a stuck loop");
+        assert_eq!(why, "notify.email: its loop has not turned for 95s");
+
+        let fine = probes(vec![Arc::new(Seen(queue("billing.invoices"), None))]);
+        assert_eq!(fine.health(), Ok(()));
+        assert_eq!(fine.readiness(), Ok(()));
+        fine.ended(&queue("billing.invoices"));
+        assert_eq!(
+            fine.health(),
+            Err("billing.invoices: its loop ended".to_owned())
+        );
+        fine.stopping.store(true, Ordering::SeqCst);
+        assert_eq!(fine.health(), Ok(()), "loops end when a stop is asked");
+        assert_eq!(fine.readiness(), Err("stopping".to_owned()));
+        assert_eq!(
+            answer(fine.readiness(), "ready").0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+
+    #[test]
+    fn a_binary_flattens_the_process_flags_into_its_own_command_line() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            process: ProcessFlags,
+            /// A flag of the binary's own.
+            #[arg(long)]
+            dry_run: bool,
+        }
+        let cli = Cli::parse_from([
+            "billing-worker",
+            "--concurrency",
+            "16",
+            "--http-addr",
+            "0.0.0.0:9464",
+            "--dry-run",
+        ]);
+        assert!(cli.dry_run);
+        assert_eq!(cli.process.concurrency.as_deref(), Some("16"));
+        let config = cli.process.resolve().expect("resolves");
+        assert_eq!(config.get(&CONCURRENCY), Some("16"));
+        assert_eq!(
+            config.setting(&HTTP_ADDR).map(|s| s.source.clone()),
+            Some(compose::Source::Flag)
+        );
+    }
 
     #[test]
     fn durations_take_a_unit_and_stay_within_a_day() {
+        use compose::parse_duration;
         assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
         assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));

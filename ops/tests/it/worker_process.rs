@@ -406,16 +406,11 @@ async fn a_process_refuses_cron_without_a_tenant_directory_naming_the_key() {
 }
 
 /// Sends SIGTERM to `child` and waits for it.
-async fn terminate(mut child: Reaped) -> (std::process::ExitStatus, String) {
+async fn terminate(child: Reaped) -> (std::process::ExitStatus, String) {
     let pid = child.0.id().to_string();
     let killed = Command::new("kill").args(["-TERM", &pid]).status();
     assert!(killed.expect("kill runs").success());
-    let exited = eventually("the process exits", async || child.0.try_wait().ok()?).await;
-    let mut log = String::new();
-    if let Some(mut stderr) = child.0.stderr.take() {
-        std::io::Read::read_to_string(&mut stderr, &mut log).expect("its log");
-    }
-    (exited, log)
+    terminate_waited(child).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -646,4 +641,101 @@ async fn a_vercel_push_process_runs_real_callbacks_and_nothing_forged() {
     process.stop().await;
     pool.close().await;
     db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signal_turns_readyz_503_at_once_and_a_second_one_exits_at_once() {
+    let db = TestDb::create().await;
+    let pool = db.pool().await;
+    PgStore::from_pool(pool.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    let port = free_port();
+    let child = Reaped(
+        Command::new(example("worker"))
+            .env("DATABASE_URL", &db.url)
+            .env("JOBS_HTTP_ADDR", format!("127.0.0.1:{port}"))
+            .env("JOBS_CONFIG", "/dev/null")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the example starts"),
+    );
+    eventually("its own three jobs", async || {
+        let n: i64 = sqlx::query_scalar("select count(*) from booked_invoices")
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+        (n == 3).then_some(())
+    })
+    .await;
+    eventually("/readyz", async || {
+        get(port, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    // A job whose handler waits on a lock this test holds: in flight when the stop comes.
+    let mut lock = pool.begin().await.expect("begin");
+    sqlx::query("lock table booked_invoices in access exclusive mode")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    let queue = jobs_adapter_postgres::PgQueue::new(pool.clone());
+    let job = jobs_testkit::fixtures::envelope_with(
+        4,
+        "billing.invoice_issued",
+        serde_json::json!({ "invoice": 4 }),
+    );
+    jobs_core::QueuePort::publish(
+        &queue,
+        &"billing.invoices".parse().expect("a queue"),
+        &job,
+        Default::default(),
+    )
+    .await
+    .expect("publish");
+    eventually("the job waiting on the lock", async || {
+        let leased: i64 = sqlx::query_scalar("select count(*) from core.jobs where leased")
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+        (leased == 1).then_some(())
+    })
+    .await;
+
+    let pid = child.0.id().to_string();
+    let signal = || {
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill runs")
+    };
+    assert!(signal().success());
+    let not_ready = eventually("/readyz refusing", async || {
+        get(port, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 503)
+    })
+    .await;
+    assert_eq!(not_ready.1, "stopping\n");
+    // Draining: the job cannot finish while the lock is held, so the process waits.
+    assert!(signal().success(), "a second signal");
+    let (exited, log) = terminate_waited(child).await;
+    lock.rollback().await.expect("release the lock");
+    assert_eq!(exited.code(), Some(130), "{log}");
+    assert!(log.contains("second stop signal"), "{log}");
+    pool.close().await;
+    db.drop_db().await;
+}
+
+/// Waits for `child`, already signalled, to exit.
+async fn terminate_waited(mut child: Reaped) -> (std::process::ExitStatus, String) {
+    let exited = eventually("the process exits", async || child.0.try_wait().ok()?).await;
+    let mut log = String::new();
+    if let Some(mut stderr) = child.0.stderr.take() {
+        std::io::Read::read_to_string(&mut stderr, &mut log).expect("its log");
+    }
+    (exited, log)
 }
