@@ -353,3 +353,31 @@ fn output_cut_short_by_its_reader_ends_quietly() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn errors_name_what_to_do_and_say_their_cause_once() {
+    let refused = jobsctl(&[
+        "migrate",
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/postgres",
+    ]);
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("connect to PostgreSQL at 127.0.0.1:1"),
+        "names the host and port: {stderr}"
+    );
+    assert_eq!(
+        stderr.matches("Connection refused").count(),
+        1,
+        "the cause once: {stderr}"
+    );
+
+    let status = jobsctl(&["dead-letters", "list", "--status", "pending"]);
+    let stderr = String::from_utf8_lossy(&status.stderr).into_owned();
+    assert_eq!(status.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("accepted values: pending_review, replayed, discarded"),
+        "{stderr}"
+    );
+}
