@@ -50,12 +50,7 @@ fn the_runtime_keeps_every_invariant_on_postgres() {
         .build()
         .expect("a runtime");
     let db = runtime.block_on(async {
-        let db = TestDb::create().await;
-        let pool = db.pool().await;
-        PgStore::from_pool(pool.clone())
-            .migrate()
-            .await
-            .expect("migrate");
+        let (db, pool) = TestDb::migrated().await;
         sqlx::query("create table model_effects (key text not null)")
             .execute(&pool)
             .await

@@ -42,6 +42,17 @@ impl TestDb {
         TestDb { url, name, server }
     }
 
+    /// A database with the store's schema (`PgStore::migrate`), and a pool on it.
+    pub(crate) async fn migrated() -> (TestDb, sqlx::PgPool) {
+        let db = TestDb::create().await;
+        let pool = db.pool().await;
+        jobs_adapter_postgres::PgStore::from_pool(pool.clone())
+            .migrate()
+            .await
+            .expect("migrate");
+        (db, pool)
+    }
+
     pub(crate) async fn pool(&self) -> sqlx::PgPool {
         PgPoolOptions::new()
             .max_connections(8)

@@ -77,6 +77,27 @@ async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) ->
     panic!("{what}: not within 30 s");
 }
 
+/// A worker process over `db` on `port` with `settings` besides, whose one queue
+/// (`billing.invoices`) counts its jobs in `handled`.
+async fn counting(
+    db: &TestDb,
+    port: u16,
+    settings: &[(&str, &str)],
+    handled: &Counted,
+) -> jobs_ops::process::Running<PgStore> {
+    let addr = format!("127.0.0.1:{port}");
+    let mut all = vec![("DATABASE_URL", db.url.as_str()), ("JOBS_HTTP_ADDR", &addr)];
+    all.extend_from_slice(settings);
+    let handled = handled.clone();
+    WorkerProcess::<PgStore>::with_config(config(&all))
+        .queue("billing.invoices", "billing.booker", |w| {
+            w.handler("billing.invoice_issued".parse().expect("a kind"), handled)
+        })
+        .start()
+        .await
+        .expect("starts")
+}
+
 /// Kills the child if the test fails before it exits.
 struct Reaped(Child);
 
@@ -89,12 +110,7 @@ impl Drop for Reaped {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_worker_processes_its_jobs_once_answers_probes_and_stops_on_sigterm() {
-    let db = TestDb::create().await;
-    let pool = db.pool().await;
-    PgStore::from_pool(pool.clone())
-        .migrate()
-        .await
-        .expect("migrate");
+    let (db, pool) = TestDb::migrated().await;
     let port = free_port();
     // Trust authentication ignores the password; the log must not show it.
     let url = db.url.replacen("postgres@", "postgres:hunter2@", 1);
@@ -322,12 +338,7 @@ impl<Tx: Send + 'static> Handler<Tx> for Counted {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_asked_to_relays_its_outbox_and_ticks_the_cron_scheduler() {
-    let db = TestDb::create().await;
-    let pool = db.pool().await;
-    PgStore::from_pool(pool.clone())
-        .migrate()
-        .await
-        .expect("migrate");
+    let (db, pool) = TestDb::migrated().await;
     let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
     let job =
         jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
@@ -339,21 +350,14 @@ async fn a_process_asked_to_relays_its_outbox_and_ticks_the_cron_scheduler() {
     tx.commit().await.expect("commit");
 
     let handled = Counted::default();
-    let port = free_port().to_string();
-    let addr = format!("127.0.0.1:{port}");
-    let process = WorkerProcess::<PgStore>::with_config(config(&[
-        ("DATABASE_URL", &db.url),
-        ("JOBS_HTTP_ADDR", &addr),
-        ("JOBS_OUTBOX_RELAY", "on"),
-        ("JOBS_CRON", "on"),
-    ]))
-    .queue("billing.invoices", "billing.booker", {
-        let handled = handled.clone();
-        |w| w.handler("billing.invoice_issued".parse().expect("a kind"), handled)
-    })
-    .start()
-    .await
-    .expect("starts");
+    let port = free_port();
+    let process = counting(
+        &db,
+        port,
+        &[("JOBS_OUTBOX_RELAY", "on"), ("JOBS_CRON", "on")],
+        &handled,
+    )
+    .await;
     eventually("the outbox's job relayed and handled", async || {
         (handled.0.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
     })
@@ -415,12 +419,7 @@ async fn terminate(child: Reaped) -> (std::process::ExitStatus, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobsctl_runs_the_outbox_relay_and_the_cron_scheduler_until_sigterm() {
-    let db = TestDb::create().await;
-    let pool = db.pool().await;
-    PgStore::from_pool(pool.clone())
-        .migrate()
-        .await
-        .expect("migrate");
+    let (db, pool) = TestDb::migrated().await;
     let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
     let job =
         jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
@@ -479,33 +478,24 @@ async fn a_qstash_process_runs_what_qstash_delivers_to_its_routes_and_nothing_fo
         .await
         .expect("the fake starts");
     fake.set_retry_scale(0.0);
-    let db = TestDb::create().await;
-    let pool = db.pool().await;
-    PgStore::from_pool(pool.clone())
-        .migrate()
-        .await
-        .expect("migrate");
+    let (db, pool) = TestDb::migrated().await;
     let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
     let destination = format!("http://127.0.0.1:{port}/qstash/{{queue}}");
     let handled = Counted::default();
-    let process = WorkerProcess::<PgStore>::with_config(config(&[
-        ("DATABASE_URL", &db.url),
-        ("JOBS_HTTP_ADDR", &addr),
-        ("JOBS_QUEUE_URL", "qstash:"),
-        ("QSTASH_TOKEN", fake.token()),
-        ("QSTASH_URL", fake.base_url()),
-        ("QSTASH_DESTINATION", &destination),
-        ("QSTASH_CURRENT_SIGNING_KEY", fake.current_signing_key()),
-        ("QSTASH_NEXT_SIGNING_KEY", fake.next_signing_key()),
-    ]))
-    .queue("billing.invoices", "billing.booker", {
-        let handled = handled.clone();
-        |w| w.handler("billing.invoice_issued".parse().expect("a kind"), handled)
-    })
-    .start()
-    .await
-    .expect("starts");
+    let process = counting(
+        &db,
+        port,
+        &[
+            ("JOBS_QUEUE_URL", "qstash:"),
+            ("QSTASH_TOKEN", fake.token()),
+            ("QSTASH_URL", fake.base_url()),
+            ("QSTASH_DESTINATION", &destination),
+            ("QSTASH_CURRENT_SIGNING_KEY", fake.current_signing_key()),
+            ("QSTASH_NEXT_SIGNING_KEY", fake.next_signing_key()),
+        ],
+        &handled,
+    )
+    .await;
     let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
     let job =
         jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
@@ -560,30 +550,21 @@ async fn a_qstash_process_runs_what_qstash_delivers_to_its_routes_and_nothing_fo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vercel_push_process_runs_real_callbacks_and_nothing_forged() {
     let emulator = jobs_testkit::emulators::VercelQueuesEmulator::start().await;
-    let db = TestDb::create().await;
-    let pool = db.pool().await;
-    PgStore::from_pool(pool.clone())
-        .migrate()
-        .await
-        .expect("migrate");
+    let (db, pool) = TestDb::migrated().await;
     let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
     let handled = Counted::default();
-    let process = WorkerProcess::<PgStore>::with_config(config(&[
-        ("DATABASE_URL", &db.url),
-        ("JOBS_HTTP_ADDR", &addr),
-        ("JOBS_QUEUE_URL", "vercel-queues://iad1"),
-        ("VERCEL_OIDC_TOKEN", "a-token"),
-        ("VERCEL_QUEUES_BASE_URL", emulator.base_url()),
-        ("VERCEL_QUEUES_PUSH", "on"),
-    ]))
-    .queue("billing.invoices", "billing.booker", {
-        let handled = handled.clone();
-        |w| w.handler("billing.invoice_issued".parse().expect("a kind"), handled)
-    })
-    .start()
-    .await
-    .expect("starts");
+    let process = counting(
+        &db,
+        port,
+        &[
+            ("JOBS_QUEUE_URL", "vercel-queues://iad1"),
+            ("VERCEL_OIDC_TOKEN", "a-token"),
+            ("VERCEL_QUEUES_BASE_URL", emulator.base_url()),
+            ("VERCEL_QUEUES_PUSH", "on"),
+        ],
+        &handled,
+    )
+    .await;
     let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
     let topic = jobs_adapter_vercel_queues::topic_of(&queue);
     let job =
@@ -645,12 +626,7 @@ async fn a_vercel_push_process_runs_real_callbacks_and_nothing_forged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_signal_turns_readyz_503_at_once_and_a_second_one_exits_at_once() {
-    let db = TestDb::create().await;
-    let pool = db.pool().await;
-    PgStore::from_pool(pool.clone())
-        .migrate()
-        .await
-        .expect("migrate");
+    let (db, pool) = TestDb::migrated().await;
     let port = free_port();
     let child = Reaped(
         Command::new(example("worker"))
