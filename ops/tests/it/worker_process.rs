@@ -715,3 +715,36 @@ async fn terminate_waited(mut child: Reaped) -> (std::process::ExitStatus, Strin
     }
     (exited, log)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_answers_503_while_the_store_does_not() {
+    let (db, pool) = TestDb::migrated().await;
+    let port = free_port();
+    let process = counting(&db, port, &[], &Counted::default()).await;
+    eventually("/readyz", async || {
+        get(port, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    // The store's schema goes away under the running process.
+    sqlx::query("drop schema core cascade")
+        .execute(&pool)
+        .await
+        .expect("drop the schema");
+    let (_, why) = eventually("/readyz refusing", async || {
+        get(port, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 503)
+    })
+    .await;
+    assert!(why.contains("run `jobsctl migrate`"), "{why}");
+    assert_eq!(
+        get(port, "/healthz").await.map(|(s, _)| s),
+        Some(200),
+        "alive all the same"
+    );
+    process.stop().await;
+    pool.close().await;
+    db.drop_db().await;
+}
