@@ -8,6 +8,10 @@ use crate::workspace::{Kind, Package, Role};
 const MEMORY_ADAPTER: &str = "adapters/memory";
 
 const CORE: &str = "jobs-core depends on no workspace package";
+const CORE_IO: &str = "jobs-core does no I/O, so it links no I/O crate";
+
+/// Crates that do I/O (or run it), which the ports crate may not link.
+const IO_CRATES: &[&str] = &["sqlx", "reqwest", "redis", "axum", "hyper", "tokio"];
 const PORTS_ONLY: &str = "consumers, notifications and cron may depend on jobs-core ports only";
 const PORTS_ONLY_TESTS: &str = "tests of consumers, notifications and cron may use only jobs-core, jobs-testkit and the memory adapter";
 const ADAPTER_TO_ADAPTER: &str = "an adapter never depends on another adapter, not even in tests";
@@ -35,6 +39,22 @@ pub(crate) fn violations(packages: &[Package]) -> Vec<String> {
             ))
         })
         .collect();
+    found.extend(
+        packages
+            .iter()
+            .filter(|p| p.role() == Role::Core)
+            .flat_map(|core| core.deps.iter().map(move |dep| (core, dep)))
+            .filter(|(_, dep)| dep.kind != Kind::Dev && IO_CRATES.contains(&dep.name.as_str()))
+            .map(|(core, dep)| {
+                format!(
+                    "dependency rule: {} ({}) depends on {} [{}]: {CORE_IO}",
+                    core.name,
+                    core.shown_dir(),
+                    dep.name,
+                    dep.kind.label(),
+                )
+            }),
+    );
     found.sort();
     found.dedup();
     found
@@ -121,6 +141,27 @@ mod tests {
     #[test]
     fn clean_workspace_has_no_violations() {
         assert_eq!(check(&[]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_io_crate_in_the_cores_normal_dependencies_is_refused() {
+        assert_eq!(
+            check(&[("jobs-core", "sqlx", json!(null))]),
+            [
+                "dependency rule: jobs-core (core/) depends on sqlx [normal]: jobs-core does no \
+              I/O, so it links no I/O crate"
+            ]
+        );
+        assert_eq!(
+            check(&[("jobs-core", "tokio", json!("dev"))]),
+            Vec::<String>::new(),
+            "its tests may run on tokio"
+        );
+        assert_eq!(
+            check(&[("jobs-consumers", "tokio", json!(null))]),
+            Vec::<String>::new(),
+            "the runtime crates may"
+        );
     }
 
     #[test]
