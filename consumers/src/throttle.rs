@@ -110,7 +110,7 @@ where
                     }
                     let refill = buckets
                         .iter()
-                        .map(|(_, bucket)| bucket.interval)
+                        .map(|(_, bucket)| bucket.interval())
                         .max()
                         .unwrap_or_default();
                     let spread = refill.mul_f64(crate::retry::random_unit());

@@ -11,15 +11,13 @@ use crate::error::ErrorClass;
 /// A token bucket: `capacity` tokens at most, `refill` tokens added every `interval`.
 ///
 /// Resend's 5 requests/s per team, with no burst beyond it, is `Bucket::new(5, 5,
-/// Duration::from_secs(1))`.
+/// Duration::from_secs(1))`. Only [`Bucket::new`] makes one, so every bucket is valid and
+/// limiters need not check again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bucket {
-    /// The most tokens the bucket holds (the burst).
-    pub capacity: u32,
-    /// Tokens added per interval.
-    pub refill: u32,
-    /// How often tokens are added.
-    pub interval: Duration,
+    capacity: u32,
+    refill: u32,
+    interval: Duration,
 }
 
 impl Bucket {
@@ -35,6 +33,21 @@ impl Bucket {
             refill,
             interval,
         })
+    }
+
+    /// The most tokens the bucket holds (the burst).
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Tokens added per interval.
+    pub fn refill(&self) -> u32 {
+        self.refill
+    }
+
+    /// How often tokens are added.
+    pub fn interval(&self) -> Duration {
+        self.interval
     }
 }
 

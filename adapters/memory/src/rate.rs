@@ -123,22 +123,22 @@ impl State {
     fn level(&self, key: &BucketKey, bucket: Bucket, now: SystemTime) -> Level {
         let Some(held) = self.buckets.get(key) else {
             return Level {
-                tokens: bucket.capacity,
+                tokens: bucket.capacity(),
                 refilled_at: now,
             };
         };
         let mut level = Level {
-            tokens: held.tokens.min(bucket.capacity),
+            tokens: held.tokens.min(bucket.capacity()),
             refilled_at: held.refilled_at,
         };
         if let Ok(elapsed) = now.duration_since(held.refilled_at) {
-            let interval = bucket.interval.as_nanos();
+            let interval = bucket.interval().as_nanos();
             let whole = elapsed.as_nanos() / interval;
             if whole > 0 {
-                let added = whole.saturating_mul(u128::from(bucket.refill));
+                let added = whole.saturating_mul(u128::from(bucket.refill()));
                 let tokens = u128::from(level.tokens).saturating_add(added);
-                level.tokens = u32::try_from(tokens.min(u128::from(bucket.capacity)))
-                    .unwrap_or(bucket.capacity);
+                level.tokens = u32::try_from(tokens.min(u128::from(bucket.capacity())))
+                    .unwrap_or(bucket.capacity());
                 // `whole` intervals fit in `elapsed`, so this never goes before the old refill.
                 let rest = elapsed.as_nanos() % interval;
                 level.refilled_at = now - nanos(rest);
@@ -169,7 +169,7 @@ impl State {
 
 /// When a bucket at `level` is full again.
 fn full_at(bucket: Bucket, level: Level) -> Result<SystemTime, RateLimitError> {
-    after_refills(bucket, level.refilled_at, bucket.capacity - level.tokens)
+    after_refills(bucket, level.refilled_at, bucket.capacity() - level.tokens)
 }
 
 /// When a bucket last refilled at `refilled_at` will have gained `missing` tokens.
@@ -178,9 +178,9 @@ fn after_refills(
     refilled_at: SystemTime,
     missing: u32,
 ) -> Result<SystemTime, RateLimitError> {
-    let refills = missing.div_ceil(bucket.refill);
+    let refills = missing.div_ceil(bucket.refill());
     bucket
-        .interval
+        .interval()
         .checked_mul(refills)
         .and_then(|wait| refilled_at.checked_add(wait))
         .ok_or_else(|| out_of_range(bucket))
@@ -197,7 +197,9 @@ fn nanos(n: u128) -> Duration {
 fn out_of_range(bucket: Bucket) -> RateLimitError {
     RateLimitError::InvalidBucket(format!(
         "capacity {}, refill {} per {:?}: the times it implies are out of range",
-        bucket.capacity, bucket.refill, bucket.interval
+        bucket.capacity(),
+        bucket.refill(),
+        bucket.interval()
     ))
 }
 
@@ -210,19 +212,22 @@ fn validate(
 ) -> Result<(), RateLimitError> {
     let mut seen = HashSet::with_capacity(buckets.len());
     for (key, bucket) in buckets {
-        Bucket::new(bucket.capacity, bucket.refill, bucket.interval)?;
         if !seen.insert(key) {
             return Err(RateLimitError::InvalidBucket(format!(
                 "{key} is listed twice in one call"
             )));
         }
-        if cost > bucket.capacity {
+        if cost > bucket.capacity() {
             return Err(RateLimitError::InvalidBucket(format!(
                 "{key}: a cost of {cost} exceeds the capacity {}, so it could never be granted",
-                bucket.capacity
+                bucket.capacity()
             )));
         }
-        after_refills(*bucket, now, bucket.capacity.saturating_add(bucket.refill))?;
+        after_refills(
+            *bucket,
+            now,
+            bucket.capacity().saturating_add(bucket.refill()),
+        )?;
     }
     Ok(())
 }
@@ -259,7 +264,7 @@ impl RateLimiter for MemoryRateLimiter {
                 tokens: level.tokens - cost,
                 ..level
             };
-            charged.push((key, bucket.capacity, level, full_at(*bucket, level)?));
+            charged.push((key, bucket.capacity(), level, full_at(*bucket, level)?));
         }
         for (key, capacity, level, full_at) in charged {
             state.store(key, level, capacity, full_at);
@@ -275,21 +280,25 @@ impl RateLimiter for MemoryRateLimiter {
     ) -> Result<(), RateLimitError> {
         let now = self.clock.now();
         validate(std::slice::from_ref(&(key.clone(), bucket)), 0, now)?;
-        after_refills(bucket, until, bucket.capacity.saturating_add(bucket.refill))?;
+        after_refills(
+            bucket,
+            until,
+            bucket.capacity().saturating_add(bucket.refill()),
+        )?;
         let mut state = self.lock();
         state.forget_full(now);
         let level = state.level(key, bucket, now);
         // The next refill comes one interval after `refilled_at`: hold it until `until`, or
         // keep a longer hold already in place.
         let hold = until
-            .checked_sub(bucket.interval)
+            .checked_sub(bucket.interval())
             .map_or(level.refilled_at, |hold| hold.max(level.refilled_at));
         let drained = Level {
             tokens: 0,
             refilled_at: hold,
         };
         let full_at = full_at(bucket, drained)?;
-        state.store(key, drained, bucket.capacity, full_at);
+        state.store(key, drained, bucket.capacity(), full_at);
         Ok(())
     }
 }
@@ -415,8 +424,8 @@ mod tests {
                 return Ok(());
             };
             let elapsed = now.duration_since(first).unwrap().as_nanos();
-            let whole = u64::try_from(elapsed / bucket.interval.as_nanos()).unwrap();
-            let bound = u64::from(bucket.capacity) + u64::from(bucket.refill) * whole;
+            let whole = u64::try_from(elapsed / bucket.interval().as_nanos()).unwrap();
+            let bound = u64::from(bucket.capacity()) + u64::from(bucket.refill()) * whole;
             prop_assert!(
                 self.granted <= bound,
                 "granted {} > capacity + refill × whole intervals = {bound}",
@@ -466,7 +475,7 @@ mod tests {
                             seen[i].touch(clock.now());
                         }
                         let got = runtime.block_on(limiter.acquire(&call, cost));
-                        if picked.iter().any(|&i| cost > keys[i].1.capacity) {
+                        if picked.iter().any(|&i| cost > keys[i].1.capacity()) {
                             prop_assert!(matches!(got, Err(RateLimitError::InvalidBucket(_))));
                             continue;
                         }

@@ -290,9 +290,9 @@ impl Inner {
         for (key, bucket) in &keys {
             invocation
                 .key(*key)
-                .arg(bucket.capacity)
-                .arg(bucket.refill)
-                .arg(millis(bucket.interval).to_string());
+                .arg(bucket.capacity())
+                .arg(bucket.refill())
+                .arg(millis(bucket.interval()).to_string());
         }
         for (cost, buckets) in &requests {
             invocation.arg(*cost).arg(buckets.len());
@@ -447,36 +447,36 @@ fn invalid(key: &BucketKey, why: String) -> RateLimitError {
     RateLimitError::InvalidBucket(format!("{key}: {why}"))
 }
 
-/// Rejects what [`Bucket::new`] rejects (the fields are public), intervals that are not whole
+/// Rejects intervals that are not whole
 /// milliseconds (the script's unit), times too far out for the script's numbers, a key listed
 /// twice, and a cost no bucket can ever hold.
 fn validate(buckets: &[(BucketKey, Bucket)], cost: u32) -> Result<(), RateLimitError> {
     for (n, (key, bucket)) in buckets.iter().enumerate() {
-        Bucket::new(bucket.capacity, bucket.refill, bucket.interval)?;
-        if bucket.interval.subsec_nanos() % 1_000_000 != 0 {
+        if bucket.interval().subsec_nanos() % 1_000_000 != 0 {
             return Err(invalid(
                 key,
-                format!("interval {:?} is not whole milliseconds", bucket.interval),
+                format!("interval {:?} is not whole milliseconds", bucket.interval()),
             ));
         }
-        if millis(bucket.interval) * (u128::from(bucket.capacity) + 1) > MAX_MS {
+        if millis(bucket.interval()) * (u128::from(bucket.capacity()) + 1) > MAX_MS {
             return Err(invalid(
                 key,
                 format!(
                     "capacity {} per {:?} takes too long to refill",
-                    bucket.capacity, bucket.interval
+                    bucket.capacity(),
+                    bucket.interval()
                 ),
             ));
         }
         if buckets[..n].iter().any(|(other, _)| other == key) {
             return Err(invalid(key, "listed twice in one call".to_owned()));
         }
-        if cost > bucket.capacity {
+        if cost > bucket.capacity() {
             return Err(invalid(
                 key,
                 format!(
                     "a cost of {cost} exceeds the capacity {}, so it could never be granted",
-                    bucket.capacity
+                    bucket.capacity()
                 ),
             ));
         }
@@ -547,9 +547,9 @@ impl RateLimiter for RedisRateLimiter {
             .key(self.inner.redis_key(key))
             .arg("drain")
             .arg(until_ms.to_string())
-            .arg(bucket.capacity)
-            .arg(bucket.refill)
-            .arg(millis(bucket.interval).to_string());
+            .arg(bucket.capacity())
+            .arg(bucket.refill())
+            .arg(millis(bucket.interval()).to_string());
         let reply = self.inner.invoke(&invocation).await?;
         match reply[..] {
             [0, _] => Ok(()),

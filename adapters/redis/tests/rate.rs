@@ -125,8 +125,8 @@ async fn concurrent_callers_never_exceed_the_provider_rate() {
         const WINDOW: Duration = Duration::from_secs(10);
         // 50 tokens per second, in refills of 5 every 100 ms, with a burst of 10.
         let provider = (BucketKey::provider("resend"), bucket(10, 5, 100));
-        let burst = f64::from(provider.1.capacity);
-        let rate = f64::from(provider.1.refill) / provider.1.interval.as_secs_f64();
+        let burst = f64::from(provider.1.capacity());
+        let rate = f64::from(provider.1.refill()) / provider.1.interval().as_secs_f64();
 
         let limiters: Vec<RedisRateLimiter> = (0..CALLERS).map(|_| limiter(&prefix)).collect();
         let grants = Arc::new(Mutex::new(Vec::<Instant>::new()));
@@ -164,7 +164,7 @@ async fn concurrent_callers_never_exceed_the_provider_rate() {
             );
         }
         assert!(
-            grants.len() > provider.1.capacity as usize,
+            grants.len() > provider.1.capacity() as usize,
             "only {} grants in {WINDOW:?}: tokens never came back",
             grants.len()
         );
@@ -379,7 +379,7 @@ async fn coalesced_acquisitions_of_different_costs_charge_their_own() {
         for (n, tenant) in tenants.iter().enumerate() {
             assert_eq!(
                 tokens_left(&limiter, tenant).await,
-                (tenant.1.capacity - spent_tenant[n]) as usize,
+                (tenant.1.capacity() - spent_tenant[n]) as usize,
                 "tenant {n}"
             );
         }

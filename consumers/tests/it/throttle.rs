@@ -112,21 +112,42 @@ async fn denied_tokens_defer_without_spending_attempts() {
     assert!(letters.is_empty(), "a rate limit dead-lettered a job");
 }
 
+/// A limiter that refuses every bucket, as Redis refuses one whose interval is not whole
+/// milliseconds: a configuration error no wait can fix.
+struct Refuses;
+
+#[async_trait]
+impl jobs_core::RateLimiter for Refuses {
+    async fn acquire(
+        &self,
+        _: &[(BucketKey, Bucket)],
+        _: u32,
+    ) -> Result<jobs_core::Acquired, jobs_core::RateLimitError> {
+        Err(jobs_core::RateLimitError::InvalidBucket(
+            "interval 1.5ms is not whole milliseconds".into(),
+        ))
+    }
+
+    async fn drain_until(
+        &self,
+        _: &BucketKey,
+        _: Bucket,
+        _: std::time::SystemTime,
+    ) -> Result<(), jobs_core::RateLimitError> {
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn a_bucket_the_limiter_refuses_dead_letters_instead_of_deferring_forever() {
     let h = Harness::new();
-    let limiter = Arc::new(MemoryRateLimiter::new(Arc::new(h.clock.clone())));
-    let broken = Bucket {
-        capacity: 0,
-        refill: 0,
-        interval: Duration::ZERO,
-    };
+    let bucket = Bucket::new(1, 1, Duration::from_secs(1)).expect("valid");
     let handler = Throttled::new(
         Send {
             attempts: Arc::default(),
         },
-        limiter,
-        move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), broken)],
+        Arc::new(Refuses),
+        move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), bucket)],
     );
     let worker = sender(&h, handler);
     h.publish(1).await;
