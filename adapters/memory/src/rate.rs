@@ -203,8 +203,8 @@ fn out_of_range(bucket: Bucket) -> RateLimitError {
     ))
 }
 
-/// Rejects what [`Bucket::new`] rejects (the fields are public), buckets whose refill times
-/// overflow, and a cost no bucket can ever hold.
+/// Rejects buckets whose refill times overflow, a key listed twice, and a cost no bucket can
+/// ever hold.
 fn validate(
     buckets: &[(BucketKey, Bucket)],
     cost: u32,
