@@ -113,7 +113,7 @@ impl DeadLetters {
             .map_err(|source| ReplayError::NotAnEnvelope { id, source })?;
         let outcome = match self
             .store
-            .transition(id, DeadLetterStatus::Replayed, tenant, self.clock.now())
+            .transition(id, jobs_core::Resolution::Replay, tenant, self.clock.now())
             .await?
         {
             Transition::Done => Replayed::Done,
@@ -159,7 +159,7 @@ impl DeadLetters {
         tenant: Option<TenantId>,
     ) -> Result<Transition, StoreError> {
         self.store
-            .transition(id, DeadLetterStatus::Discarded, tenant, self.clock.now())
+            .transition(id, jobs_core::Resolution::Discard, tenant, self.clock.now())
             .await
     }
 }

@@ -303,6 +303,39 @@ impl Default for DeadLetterFilter {
     }
 }
 
+/// Where an operator moves a dead letter: the only two ways out of `PendingReview`, so that no
+/// call can ask for a move that a store would have to refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Resolution {
+    /// Published again to its queue: [`DeadLetterStatus::Replayed`].
+    Replay,
+    /// Dropped for good: [`DeadLetterStatus::Discarded`].
+    Discard,
+}
+
+impl Resolution {
+    /// The status the letter ends in.
+    pub fn status(self) -> DeadLetterStatus {
+        match self {
+            Resolution::Replay => DeadLetterStatus::Replayed,
+            Resolution::Discard => DeadLetterStatus::Discarded,
+        }
+    }
+}
+
+/// A final status as the resolution that reaches it; `PendingReview` is none.
+impl TryFrom<DeadLetterStatus> for Resolution {
+    type Error = DeadLetterStatus;
+
+    fn try_from(status: DeadLetterStatus) -> Result<Resolution, DeadLetterStatus> {
+        match status {
+            DeadLetterStatus::Replayed => Ok(Resolution::Replay),
+            DeadLetterStatus::Discarded => Ok(Resolution::Discard),
+            other => Err(other),
+        }
+    }
+}
+
 /// The outcome of a status change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
@@ -337,14 +370,14 @@ pub trait DeadLetterStore: Send + Sync {
         dedup_key: &str,
     ) -> Result<Option<DeadLetterId>, StoreError>;
 
-    /// Moves a dead letter from `PendingReview` to `to`; with `tenant`, only that tenant's.
-    /// `to = PendingReview` is refused with [`StoreError::Failed`]: a letter never goes back.
-    /// Moving to `Replayed` also deletes the claim of the letter's job and consumer in
-    /// `processed_jobs`, in the same transaction, so the replayed job can run.
+    /// Moves a dead letter from `PendingReview` as `to` says; with `tenant`, only that
+    /// tenant's. A letter never goes back to `PendingReview`. A replay also deletes the claim
+    /// of the letter's job and consumer in `processed_jobs`, in the same transaction, so the
+    /// replayed job can run.
     async fn transition(
         &self,
         id: DeadLetterId,
-        to: DeadLetterStatus,
+        to: Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
     ) -> Result<Transition, StoreError>;

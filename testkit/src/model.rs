@@ -378,7 +378,7 @@ impl<S: DeadLetterStore> DeadLetterStore for MutantStore<S> {
     async fn transition(
         &self,
         id: DeadLetterId,
-        to: DeadLetterStatus,
+        to: jobs_core::Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
     ) -> Result<Transition, StoreError> {

@@ -8,8 +8,8 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use jobs_core::{
     Claim, ConsumerName, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
-    DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded, StoreError,
-    TenantId, Transition, WorkStore, WorkTransaction,
+    DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded, Resolution,
+    StoreError, TenantId, Transition, WorkStore, WorkTransaction,
 };
 use tokio::sync::Notify;
 
@@ -335,15 +335,11 @@ impl DeadLetterStore for MemoryStore {
     async fn transition(
         &self,
         id: DeadLetterId,
-        to: DeadLetterStatus,
+        to: Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
     ) -> Result<Transition, StoreError> {
-        if to == DeadLetterStatus::PendingReview {
-            return Err(StoreError::failed(
-                "a dead letter never returns to pending_review",
-            ));
-        }
+        let to = to.status();
         let mut state = self.lock();
         let Some(letter) = state.dead_letters.get_mut(&id) else {
             return Ok(Transition::NotFound);

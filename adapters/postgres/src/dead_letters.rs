@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use jobs_core::{
     DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, NewDeadLetter,
-    QueueName, Recorded, StoreError, TenantId, Transition,
+    QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Uuid;
@@ -228,19 +228,14 @@ impl DeadLetterStore for PgStore {
     /// One `UPDATE ... WHERE status = 'pending_review'` (and the tenant, when given); when it
     /// changes nothing, a read tells `AlreadyDone`, `Conflict` and `NotFound` apart. Another
     /// tenant's letter is `NotFound` whatever its status, so its existence is not revealed.
-    /// Moving a letter back to `PendingReview` is refused as `Failed`.
     async fn transition(
         &self,
         id: DeadLetterId,
-        to: DeadLetterStatus,
+        to: Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
     ) -> Result<Transition, StoreError> {
-        if to == DeadLetterStatus::PendingReview {
-            return Err(StoreError::failed(
-                "a dead letter never goes back to pending_review",
-            ));
-        }
+        let to = to.status();
         let tenant = tenant.map(|t| t.as_uuid());
         // One statement: the status change and, for a replay, the release of the claim.
         let moved: i64 = sqlx::query_scalar(

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use jobs_core::{
     DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, NewDeadLetter,
-    QueueName, Recorded, StoreError, TenantId, Transition,
+    QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, SqliteConnection};
@@ -211,19 +211,14 @@ impl DeadLetterStore for SqliteStore {
     /// One `UPDATE ... WHERE status = 'pending_review'` (and the tenant, when given); when it
     /// changes nothing, a read tells `AlreadyDone`, `Conflict` and `NotFound` apart. Another
     /// tenant's letter is `NotFound` whatever its status, so its existence is not revealed.
-    /// Moving a letter back to `PendingReview` is refused as `Failed`.
     async fn transition(
         &self,
         id: DeadLetterId,
-        to: DeadLetterStatus,
+        to: Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
     ) -> Result<Transition, StoreError> {
-        if to == DeadLetterStatus::PendingReview {
-            return Err(StoreError::failed(
-                "a dead letter never goes back to pending_review",
-            ));
-        }
+        let to = to.status();
         let tenant = tenant.map(|t| t.to_string());
         // The status change and, for a replay, the release of the claim, in one transaction.
         let mut tx = self

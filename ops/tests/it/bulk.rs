@@ -255,9 +255,14 @@ async fn review(
     );
     // ...and the third marked replayed but never published, as a crash between the two would
     // leave it: it no longer matches pending_review, yet the resumed run must publish it.
-    mine.transition(ones[2], DeadLetterStatus::Replayed, None, SystemTime::now())
-        .await
-        .expect("mark");
+    mine.transition(
+        ones[2],
+        jobs_core::Resolution::Replay,
+        None,
+        SystemTime::now(),
+    )
+    .await
+    .expect("mark");
     let second = run(&[&bulk[..], &["--yes"]].concat());
     assert!(second.status.success(), "{second:?}");
     let second = results(&second);

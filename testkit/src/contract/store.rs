@@ -190,6 +190,8 @@ async fn transition<S: DeadLetterStore>(
     tenant: Option<u32>,
     at: SystemTime,
 ) -> Transition {
+    let to = jobs_core::Resolution::try_from(to)
+        .unwrap_or_else(|s| panic!("{check}: {s:?} is no resolution"));
     store
         .transition(id, to, tenant.map(fixtures::tenant), at)
         .await
