@@ -1,7 +1,6 @@
 //! Telling a human that jobs are being dead-lettered.
 
 use async_trait::async_trait;
-use thiserror::Error;
 
 use crate::name::QueueName;
 
@@ -29,13 +28,14 @@ pub trait Alerter: Send + Sync {
     async fn alert(&self, alert: &Alert) -> Result<(), AlertError>;
 }
 
-/// An alert could not be delivered.
-#[derive(Debug, Error)]
-#[error("alert not delivered: {message}")]
-pub struct AlertError {
-    /// What failed.
-    pub message: String,
-    /// The underlying error.
-    #[source]
-    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+crate::error::port_error! {
+    /// An alert could not be delivered.
+    pub enum AlertError {
+        /// The alerting service could not be reached or failed transiently (a timeout, a 5xx,
+        /// a rate limit): a later alert may go through.
+        Unavailable => "alert not delivered: {message}", Retryable;
+        /// The alerting service refused it and will again (credentials, a field it rejects):
+        /// the configuration needs fixing.
+        Refused => "alert refused: {message}", Permanent;
+    }
 }

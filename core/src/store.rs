@@ -13,7 +13,6 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use crate::error::ErrorClass;
 use crate::id::{CorrelationId, JobId, TenantId};
 use crate::name::{ConsumerName, Kind, QueueName};
 
@@ -383,63 +382,22 @@ pub trait DeadLetterStore: Send + Sync {
     ) -> Result<Transition, StoreError>;
 }
 
-/// A store failure, by its portable kind: what a caller can act on whatever the engine.
-///
-/// Its message already carries the engine's error, so [`std::error::Error::source`] returns
-/// nothing and a printed chain says it once; the engine's error stays in `source` for
-/// callers that inspect it.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// The store could not be reached or failed transiently (connection, timeout, the server
-    /// shutting down): the same operation may succeed later.
-    Unavailable {
-        /// What failed, with the engine's error.
-        message: String,
-        /// The engine's error.
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
-    /// The transaction lost a conflict with a concurrent one (a deadlock, a serialization
-    /// failure) and was aborted: running it again from the start may succeed.
-    Conflict {
-        /// What failed, with the engine's error.
-        message: String,
-        /// The engine's error.
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
-    /// The store's schema is missing or behind this build (a table or column that does not
-    /// exist): `jobsctl migrate` fixes it; retrying does not.
-    SchemaMissing {
-        /// What failed, with the engine's error.
-        message: String,
-        /// The engine's error.
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
-    /// The store refused the operation and will refuse it again (constraint, corrupt row).
-    Failed {
-        /// What failed, with the engine's error.
-        message: String,
-        /// The engine's error.
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreError::Unavailable { message, .. } => write!(f, "store unavailable: {message}"),
-            StoreError::Conflict { message, .. } => write!(f, "store conflict: {message}"),
-            StoreError::SchemaMissing { message, .. } => write!(
-                f,
-                "the store's schema is missing or behind: {message} (run `jobsctl migrate`)"
-            ),
-            StoreError::Failed { message, .. } => write!(f, "store operation failed: {message}"),
-        }
+crate::error::port_error! {
+    /// A store failure, by its portable kind: what a caller can act on whatever the engine.
+    pub enum StoreError {
+        /// The store could not be reached or failed transiently (connection, timeout, the
+        /// server shutting down): the same operation may succeed later.
+        Unavailable => "store unavailable: {message}", Retryable;
+        /// The transaction lost a conflict with a concurrent one (a deadlock, a serialization
+        /// failure) and was aborted: running it again from the start may succeed.
+        Conflict => "store conflict: {message}", Retryable;
+        /// The store's schema is missing or behind this build (a table or column that does
+        /// not exist): `jobsctl migrate` fixes it; retrying does not.
+        SchemaMissing => "the store's schema is missing or behind: {message} (run `jobsctl migrate`)", Permanent;
+        /// The store refused the operation and will refuse it again (constraint, corrupt row).
+        Failed => "store operation failed: {message}", Permanent;
     }
 }
-
-/// No source: the message carries it (see [`StoreError`]).
-impl std::error::Error for StoreError {}
 
 impl StoreError {
     /// A transient failure with a message.
@@ -455,24 +413,6 @@ impl StoreError {
         StoreError::Failed {
             message: message.into(),
             source: None,
-        }
-    }
-
-    /// The engine's error, when there is one, for callers that inspect it.
-    pub fn engine_error(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
-        match self {
-            StoreError::Unavailable { source, .. }
-            | StoreError::Conflict { source, .. }
-            | StoreError::SchemaMissing { source, .. }
-            | StoreError::Failed { source, .. } => source.as_deref(),
-        }
-    }
-
-    /// Whether the same operation may succeed later.
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            StoreError::Unavailable { .. } | StoreError::Conflict { .. } => ErrorClass::Retryable,
-            StoreError::SchemaMissing { .. } | StoreError::Failed { .. } => ErrorClass::Permanent,
         }
     }
 }

@@ -2,11 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use async_trait::async_trait;
-use thiserror::Error;
-
-use crate::error::ErrorClass;
 use crate::id::TenantId;
+use async_trait::async_trait;
 
 /// A tenant and what its plan entitles it to, e.g. `data_freshness = "6h"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,15 +32,12 @@ pub trait TenantDirectory: Send + Sync {
     -> Result<TenantPage, DirectoryError>;
 }
 
-/// The directory could not be read.
-#[derive(Debug, Error)]
-#[error("tenant directory: {message}")]
-pub struct DirectoryError {
-    /// What failed.
-    pub message: String,
-    /// Whether a later try may succeed.
-    pub class: ErrorClass,
-    /// The underlying error.
-    #[source]
-    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+crate::error::port_error! {
+    /// The directory could not be read.
+    pub enum DirectoryError {
+        /// It could not be reached or failed transiently: a later page may succeed.
+        Unavailable => "tenant directory unavailable: {message}", Retryable;
+        /// It refused the read or returned a row that is not a tenant: trying again cannot help.
+        Failed => "tenant directory failed: {message}", Permanent;
+    }
 }

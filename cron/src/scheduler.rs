@@ -565,7 +565,7 @@ impl CronError {
     /// Whether the same call may succeed later: only a directory failure may.
     pub fn class(&self) -> ErrorClass {
         match self {
-            CronError::Directory { source, .. } => source.class,
+            CronError::Directory { source, .. } => source.class(),
             _ => ErrorClass::Permanent,
         }
     }

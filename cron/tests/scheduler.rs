@@ -473,9 +473,8 @@ impl TenantDirectory for FlakyDirectory {
         limit: u32,
     ) -> Result<TenantPage, DirectoryError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) == self.fail_call {
-            return Err(DirectoryError {
+            return Err(DirectoryError::Unavailable {
                 message: "connection reset".to_owned(),
-                class: ErrorClass::Retryable,
                 source: None,
             });
         }

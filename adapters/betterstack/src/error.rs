@@ -98,7 +98,8 @@ impl BetterStackError {
 }
 
 impl From<BetterStackError> for AlertError {
-    /// The message is the error and its causes joined by `: `, so that one log line says it all.
+    /// The message is the error and its causes joined by `: `, so that one log line says it
+    /// all; a configuration problem is `Refused`, the rest `Unavailable`.
     fn from(err: BetterStackError) -> Self {
         let mut message = err.to_string();
         let mut cause = std::error::Error::source(&err);
@@ -107,9 +108,12 @@ impl From<BetterStackError> for AlertError {
             message.push_str(&inner.to_string());
             cause = inner.source();
         }
-        AlertError {
-            message,
-            source: Some(Box::new(err)),
+        let refused = err.is_configuration_problem();
+        let source = Some(Box::new(err) as Box<dyn std::error::Error + Send + Sync>);
+        if refused {
+            AlertError::Refused { message, source }
+        } else {
+            AlertError::Unavailable { message, source }
         }
     }
 }

@@ -1,6 +1,5 @@
 //! The BetterStack alerter against the wire-faithful fake in `jobs-testkit`.
 
-use std::error::Error as _;
 use std::time::Duration;
 
 use jobs_adapter_betterstack::{BetterStackAlerter, BetterStackConfig, BetterStackError};
@@ -29,7 +28,7 @@ fn alerter_for(fake: &FakeBetterStack) -> Result<BetterStackAlerter, BetterStack
 
 /// The typed error behind an [`AlertError`].
 fn cause(err: &AlertError) -> Option<&BetterStackError> {
-    err.source()?.downcast_ref::<BetterStackError>()
+    err.engine_error()?.downcast_ref::<BetterStackError>()
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use jobs_core::{DirectoryError, ErrorClass, Tenant, TenantDirectory, TenantId, TenantPage};
+use jobs_core::{DirectoryError, Tenant, TenantDirectory, TenantId, TenantPage};
 use sqlx::PgPool;
 use sqlx::types::Uuid;
 
@@ -96,22 +96,20 @@ fn tenant_id(id: Uuid) -> Result<TenantId, DirectoryError> {
     id.hyphenated()
         .to_string()
         .parse()
-        .map_err(|e| DirectoryError {
+        .map_err(|e| DirectoryError::Failed {
             message: format!("corrupt row: core.tenants id `{id}`: {e}"),
-            class: ErrorClass::Permanent,
             source: Some(Box::new(e)),
         })
 }
 
 /// `what` failed with `e`, classified as the store classifies its errors.
 fn directory_error(what: &str, e: sqlx::Error) -> DirectoryError {
-    DirectoryError {
-        message: format!("{what}: {e}"),
-        class: if is_transient(&e) {
-            ErrorClass::Retryable
-        } else {
-            ErrorClass::Permanent
-        },
-        source: Some(Box::new(e)),
+    let message = format!("{what}: {e}");
+    let transient = is_transient(&e);
+    let source = Some(Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
+    if transient {
+        DirectoryError::Unavailable { message, source }
+    } else {
+        DirectoryError::Failed { message, source }
     }
 }

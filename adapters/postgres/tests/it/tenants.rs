@@ -173,7 +173,7 @@ async fn errors_are_classified() {
             .page(None, 10)
             .await
             .expect_err("no core.tenants");
-        assert_eq!(e.class, ErrorClass::Permanent, "{e}");
+        assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
         assert!(e.to_string().contains("core.tenants"), "{e}");
     })
     .await;
@@ -185,5 +185,5 @@ async fn errors_are_classified() {
         .page(None, 10)
         .await
         .expect_err("nothing listens on port 1");
-    assert_eq!(e.class, ErrorClass::Retryable, "{e}");
+    assert_eq!(e.class(), ErrorClass::Retryable, "{e}");
 }
