@@ -883,6 +883,7 @@ where
         let permits = Arc::new(Semaphore::new(self.config.concurrency));
         let mut in_flight = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut given_back = 0;
         loop {
             self.turned();
             while let Some(joined) = in_flight.try_join_next() {
@@ -892,9 +893,20 @@ where
             let received = if free == 0 {
                 None
             } else {
+                let receiving = pull.receive(&self.queue, free, self.config.lease);
+                let mut receiving = std::pin::pin!(receiving);
                 tokio::select! {
-                    () = &mut shutdown => break,
-                    r = pull.receive(&self.queue, free, self.config.lease) => Some(r),
+                    () = &mut shutdown => {
+                        // A receive is never dropped half-way (its leases could be applied on
+                        // the server and lost here): it finishes within the grace, and what it
+                        // brought is given back.
+                        let grace = self.config.shutdown_grace;
+                        if let Ok(Ok(batch)) = tokio::time::timeout(grace, receiving).await {
+                            given_back += self.release(batch).await;
+                        }
+                        break;
+                    }
+                    r = &mut receiving => Some(r),
                 }
             };
             let idle = match received {
@@ -933,7 +945,10 @@ where
                 break;
             }
         }
-        self.drain(in_flight).await
+        Drained {
+            given_back,
+            ..self.drain(in_flight).await
+        }
     }
 
     /// [`Worker::run`] grouped: up to `concurrency` groups at once, each in its own work

@@ -316,6 +316,11 @@ impl LeaseLimits {
 pub trait PullPort: Send + Sync {
     /// Leases up to `max` ready messages of `queue` for `lease` each. An empty answer means
     /// nothing is ready now; it never waits for messages to arrive.
+    ///
+    /// It need not be cancel-safe, and no transport's is (a lease applied on the server is
+    /// lost with a dropped answer, its message away until the lease expires): the worker
+    /// never drops a receive it started, but lets it finish (at shutdown, within the grace)
+    /// and gives back what it brought.
     async fn receive(
         &self,
         queue: &QueueName,

@@ -145,7 +145,9 @@ pub trait WorkStore: Send + Sync + 'static {
 #[cfg_attr(feature = "mock", mockall::automock)]
 #[async_trait]
 pub trait ProcessedJobs: Send + Sync {
-    /// Whether `(job_id, consumer)` has a committed row.
+    /// Whether `(job_id, consumer)` has a committed row: an operator's question (was this
+    /// job done?), for tools and tests. The runtime never asks it: its claim inside the work
+    /// transaction answers it atomically, which a separate read could not.
     async fn is_processed(
         &self,
         job_id: JobId,

@@ -610,3 +610,47 @@ async fn a_loop_stuck_on_a_call_that_never_returns_is_reported_stuck() {
     assert!(since >= Duration::from_secs(80), "{since:?}");
     stop.send_replace(true);
 }
+
+/// The harness's queue, answering each receive only after a while (a slow network).
+struct SlowPull(jobs_adapter_memory::MemoryQueue);
+
+#[async_trait]
+impl jobs_core::PullPort for SlowPull {
+    async fn receive(
+        &self,
+        queue: &jobs_core::QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<jobs_core::Delivery>, jobs_core::QueueError> {
+        let leased = self.0.receive(queue, max, lease).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        leased
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_receive_under_way_at_shutdown_finishes_and_what_it_leased_is_given_back() {
+    let h = Harness::new();
+    h.publish(1).await;
+    let worker = Arc::new(
+        h.builder()
+            .handler(KIND.parse().expect("valid"), Hangs)
+            .pull(Arc::new(SlowPull(h.queue.clone())))
+            .concurrency(1)
+            .build()
+            .expect("valid"),
+    );
+    let running = tokio::spawn(
+        worker
+            .clone()
+            .run(tokio::time::sleep(Duration::from_millis(100))),
+    );
+    let drained = running.await.expect("stops");
+    assert_eq!(drained.given_back, 1, "{drained:?}");
+    // Given back at once, its attempt unspent: the next delivery is its first attempt.
+    let again = jobs_core::PullPort::receive(&h.queue, &h.name, 1, Duration::from_secs(60))
+        .await
+        .expect("receive");
+    assert_eq!(again.len(), 1, "the job is ready again");
+    assert_eq!(again[0].attempt, 1);
+}
