@@ -52,6 +52,7 @@ pub fn later(
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PublishOptions {
     delay: Option<Duration>,
+    run_at: Option<SystemTime>,
     dedup_key: Option<String>,
 }
 
@@ -60,6 +61,33 @@ impl PublishOptions {
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
         self
+    }
+
+    /// Delivers the job no earlier than `run_at` (at once when it is past): the standard's
+    /// `schedule`. A publish given both this and a delay is refused.
+    pub fn run_at(mut self, run_at: SystemTime) -> Self {
+        self.run_at = Some(run_at);
+        self
+    }
+
+    /// The requested time, if any ([`PublishOptions::run_at`]).
+    pub fn run_at_value(&self) -> Option<SystemTime> {
+        self.run_at
+    }
+
+    /// How long after `now` (a transport's clock) the job becomes visible, for transports
+    /// that take a delay: the delay asked for, or the time until `run_at`; `None` for at once.
+    /// Refuses both at once, and a delay beyond [`MAX_WAIT`].
+    pub fn delay_from(
+        &self,
+        queue: &QueueName,
+        now: SystemTime,
+    ) -> Result<Option<Duration>, QueueError> {
+        let at = self.visible_at(queue, now)?;
+        Ok(match (self.delay, self.run_at) {
+            (None, None) => None,
+            _ => Some(at.duration_since(now).unwrap_or_default()),
+        })
     }
 
     /// Overrides the deduplication key (by default the job id): a second publish with the same
@@ -75,10 +103,20 @@ impl PublishOptions {
     }
 
     /// When a job published at `now` with these options becomes visible: `now` plus the delay,
-    /// or [`QueueError::Rejected`] naming the delay when it is beyond [`MAX_WAIT`] (an absurd
-    /// delay is refused, never an overflow).
+    /// or `run_at` (`now` when it is past); [`QueueError::Rejected`] for both at once, or for a
+    /// delay or a time beyond [`MAX_WAIT`] (an absurd delay is refused, never an overflow).
     pub fn visible_at(&self, queue: &QueueName, now: SystemTime) -> Result<SystemTime, QueueError> {
-        later(queue, now, self.delay.unwrap_or_default(), "delay")
+        match (self.delay, self.run_at) {
+            (Some(_), Some(_)) => Err(QueueError::Rejected {
+                queue: queue.clone(),
+                reason: "a publish takes a delay or a run_at, not both".to_owned(),
+            }),
+            (_, Some(at)) => {
+                let wait = at.duration_since(now).unwrap_or_default();
+                later(queue, now, wait, "run_at")
+            }
+            (delay, None) => later(queue, now, delay.unwrap_or_default(), "delay"),
+        }
     }
 
     /// The deduplication key set with [`PublishOptions::dedup_key`], if any.
@@ -141,13 +179,17 @@ pub trait QueuePort: Send + Sync {
     ) -> Result<Receipt, QueueError>;
 
     /// Queues `envelope` on `queue` for delivery at `run_at` (immediately if it is past),
-    /// deduplicated by its job id.
+    /// deduplicated by its job id: a publish with [`PublishOptions::run_at`], which each
+    /// transport turns into a delay on its own clock where it takes one.
     async fn schedule(
         &self,
         queue: &QueueName,
         envelope: &Envelope,
         run_at: SystemTime,
-    ) -> Result<Receipt, QueueError>;
+    ) -> Result<Receipt, QueueError> {
+        self.publish(queue, envelope, PublishOptions::default().run_at(run_at))
+            .await
+    }
 }
 
 /// The right to settle one delivery, held until it expires.
@@ -529,5 +571,46 @@ impl QueueError {
                 ErrorClass::Permanent
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_publish_takes_a_delay_or_a_time_and_refuses_both() {
+        let queue: QueueName = "billing.invoices".parse().expect("a queue");
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let minute = Duration::from_secs(60);
+        let at = PublishOptions::default().run_at(now + minute);
+        assert_eq!(at.visible_at(&queue, now).expect("a time"), now + minute);
+        assert_eq!(at.delay_from(&queue, now).expect("a time"), Some(minute));
+        let past = PublishOptions::default().run_at(now - minute);
+        assert_eq!(past.visible_at(&queue, now).expect("past"), now, "at once");
+        assert_eq!(
+            past.delay_from(&queue, now).expect("past"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            PublishOptions::default()
+                .delay_from(&queue, now)
+                .expect("now"),
+            None
+        );
+        let both = PublishOptions::default().delay(minute).run_at(now + minute);
+        let refused = both.visible_at(&queue, now).expect_err("both");
+        assert!(
+            refused
+                .to_string()
+                .contains("a delay or a run_at, not both"),
+            "{refused}"
+        );
+        assert!(both.delay_from(&queue, now).is_err());
+        let absurd = PublishOptions::default().run_at(now + MAX_WAIT + minute);
+        assert!(
+            absurd.visible_at(&queue, now).is_err(),
+            "beyond the longest wait"
+        );
     }
 }

@@ -470,16 +470,6 @@ impl QueuePort for Provisioned {
         self.ensure(queue).await?;
         self.queue.publish(queue, envelope, opts).await
     }
-
-    async fn schedule(
-        &self,
-        queue: &QueueName,
-        envelope: &Envelope,
-        run_at: SystemTime,
-    ) -> Result<Receipt, QueueError> {
-        self.ensure(queue).await?;
-        self.queue.schedule(queue, envelope, run_at).await
-    }
 }
 
 /// How the contract's queues reach QStash.

@@ -276,25 +276,6 @@ impl QueuePort for MemoryQueue {
             self.dedup_window,
         ))
     }
-
-    async fn schedule(
-        &self,
-        queue: &QueueName,
-        envelope: &Envelope,
-        run_at: SystemTime,
-    ) -> Result<Receipt, QueueError> {
-        let payload = envelope.to_json_bytes()?;
-        let now = self.clock.now();
-        let key = envelope.job_id.to_string();
-        Ok(self.lock().enqueue(
-            queue,
-            payload,
-            Some(key),
-            now,
-            run_at.max(now),
-            self.dedup_window,
-        ))
-    }
 }
 
 #[async_trait]

@@ -92,9 +92,8 @@ impl Outbox {
         envelope: &Envelope,
         run_at: SystemTime,
     ) -> Result<Receipt, QueueError> {
-        let key = envelope.job_id.to_string();
-        self.insert(conn, queue, envelope, &key, run_at, self.clock.now())
-            .await
+        let opts = PublishOptions::default().run_at(run_at);
+        self.publish_in(conn, queue, envelope, opts).await
     }
 
     async fn insert(

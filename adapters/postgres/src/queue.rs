@@ -439,28 +439,6 @@ impl QueuePort for PgQueue {
         let mut conn = self.connection(queue).await?;
         self.publish_in(&mut conn, queue, envelope, opts).await
     }
-
-    async fn schedule(
-        &self,
-        queue: &QueueName,
-        envelope: &Envelope,
-        run_at: SystemTime,
-    ) -> Result<Receipt, QueueError> {
-        let payload = envelope.to_json_bytes()?;
-        let now = self.clock.now();
-        let key = envelope.job_id.to_string();
-        let mut conn = self.connection(queue).await?;
-        self.insert(
-            &mut conn,
-            queue,
-            &key,
-            payload,
-            Some(envelope.tenant_id.as_uuid()),
-            run_at,
-            now,
-        )
-        .await
-    }
 }
 
 #[async_trait]

@@ -272,7 +272,7 @@ impl QStashQueue {
         for item in items {
             let destination = self.destination(&item.queue)?;
             let dedup = item.opts.dedup_key_for(&item.envelope);
-            let when = item.opts.delay_value().map_or(When::Now, When::Delay);
+            let when = When::of(&item.queue, &item.opts)?;
             let headers: serde_json::Map<String, Value> = self
                 .publish_headers(&item.queue, &destination, Some(&dedup), when, None)?
                 .into_iter()
@@ -515,6 +515,22 @@ enum When {
     At(SystemTime),
 }
 
+impl When {
+    /// When `opts` ask for: a delay (`Upstash-Delay`), a time (`Upstash-Not-Before`, so no
+    /// clock of ours turns it into a delay), or at once; both at once refused.
+    fn of(queue: &QueueName, opts: &PublishOptions) -> Result<When, QueueError> {
+        match (opts.delay_value(), opts.run_at_value()) {
+            (Some(_), Some(_)) => Err(QueueError::Rejected {
+                queue: queue.clone(),
+                reason: "a publish takes a delay or a run_at, not both".to_owned(),
+            }),
+            (Some(delay), None) => Ok(When::Delay(delay)),
+            (None, Some(at)) => Ok(When::At(at)),
+            (None, None) => Ok(When::Now),
+        }
+    }
+}
+
 #[async_trait]
 impl QueuePort for QStashQueue {
     async fn publish(
@@ -525,7 +541,7 @@ impl QueuePort for QStashQueue {
     ) -> Result<Receipt, QueueError> {
         let body = envelope.to_json_bytes()?;
         let key = opts.dedup_key_for(envelope);
-        let when = opts.delay_value().map_or(When::Now, When::Delay);
+        let when = When::of(queue, &opts)?;
         let receipt = self
             .send_publish(queue, body, Some(&key), when, &[], None)
             .await?;
@@ -539,18 +555,6 @@ impl QueuePort for QStashQueue {
             "published to QStash"
         );
         Ok(receipt)
-    }
-
-    async fn schedule(
-        &self,
-        queue: &QueueName,
-        envelope: &Envelope,
-        run_at: SystemTime,
-    ) -> Result<Receipt, QueueError> {
-        let body = envelope.to_json_bytes()?;
-        let key = envelope.job_id.to_string();
-        self.send_publish(queue, body, Some(&key), When::At(run_at), &[], None)
-            .await
     }
 }
 

@@ -156,20 +156,10 @@ impl QueuePort for CountedQueue {
         envelope: &Envelope,
         opts: PublishOptions,
     ) -> Result<Receipt, QueueError> {
-        let delay = opts.delay_value().unwrap_or_default();
+        let delay = opts
+            .delay_from(queue, self.clock.now())?
+            .unwrap_or_default();
         let receipt = self.publisher.publish(queue, envelope, opts).await?;
-        self.count(queue, &envelope.job_id.to_string(), delay).await;
-        Ok(receipt)
-    }
-
-    async fn schedule(
-        &self,
-        queue: &QueueName,
-        envelope: &Envelope,
-        run_at: SystemTime,
-    ) -> Result<Receipt, QueueError> {
-        let receipt = self.publisher.schedule(queue, envelope, run_at).await?;
-        let delay = run_at.duration_since(self.clock.now()).unwrap_or_default();
         self.count(queue, &envelope.job_id.to_string(), delay).await;
         Ok(receipt)
     }

@@ -39,15 +39,6 @@ impl QueuePort for Line {
             .push_back(envelope.to_json_bytes()?);
         Ok(Receipt::queued(None))
     }
-
-    async fn schedule(
-        &self,
-        q: &QueueName,
-        envelope: &Envelope,
-        _: SystemTime,
-    ) -> Result<Receipt, QueueError> {
-        self.publish(q, envelope, PublishOptions::default()).await
-    }
 }
 
 #[async_trait]

@@ -267,7 +267,7 @@ impl VercelQueues {
             body,
             JSON.to_owned(),
             Some(key),
-            opts.delay_value(),
+            opts.delay_from(queue, self.clock.now())?,
         )
     }
 
@@ -409,19 +409,6 @@ impl QueuePort for VercelQueues {
     ) -> Result<Receipt, QueueError> {
         let message = self.message(queue, envelope, &opts)?;
         self.send(queue, message).await
-    }
-
-    async fn schedule(
-        &self,
-        queue: &QueueName,
-        envelope: &Envelope,
-        run_at: SystemTime,
-    ) -> Result<Receipt, QueueError> {
-        let delay = run_at
-            .duration_since(self.clock.now())
-            .unwrap_or(Duration::ZERO);
-        self.publish(queue, envelope, PublishOptions::default().delay(delay))
-            .await
     }
 }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use jobs_adapter_postgres::{Outbox, OutboxRelay, sqlx};
@@ -48,16 +48,6 @@ impl QueuePort for Downstream {
         seen.insert(key.clone(), envelope.job_id);
         self.seen_lock(&self.accepted).push(envelope.job_id);
         Ok(Receipt::queued(Some(key)))
-    }
-
-    async fn schedule(
-        &self,
-        queue: &QueueName,
-        envelope: &Envelope,
-        _run_at: SystemTime,
-    ) -> Result<Receipt, QueueError> {
-        self.publish(queue, envelope, PublishOptions::default())
-            .await
     }
 }
 
