@@ -161,3 +161,22 @@ impl CoalescingAlerter {
         }
     }
 }
+
+/// One line per alert on standard error: the default alerter, for development and for
+/// deployments whose log pipeline pages. Put it behind a [`CoalescingAlerter`] like any other.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConsoleAlerter;
+
+#[async_trait::async_trait]
+impl Alerter for ConsoleAlerter {
+    async fn alert(&self, alert: &jobs_core::Alert) -> Result<(), jobs_core::AlertError> {
+        eprintln!(
+            "alert: {} ({}, {} time(s)): {}",
+            alert.title,
+            alert.queue.as_str(),
+            alert.count,
+            alert.detail
+        );
+        Ok(())
+    }
+}

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::handler::{Handler, Job, JobError};
 
-/// The kind of the cleanup job.
-pub const CLEANUP_KIND: &str = "core.processed_jobs_cleanup";
+/// The kind of the cleanup job ([`jobs_core::PROCESSED_JOBS_CLEANUP_KIND`]).
+pub const CLEANUP_KIND: &str = jobs_core::PROCESSED_JOBS_CLEANUP_KIND;
 
 /// How long processed rows are kept by default: well past the longest a message can live in a
 /// transport (Vercel Queues retains at most 7 days), since a redelivery that finds no row runs

@@ -20,7 +20,7 @@ mod retry;
 mod throttle;
 mod worker;
 
-pub use alerts::{ALERT_BUFFER, CoalescingAlerter};
+pub use alerts::{ALERT_BUFFER, CoalescingAlerter, ConsoleAlerter};
 pub use cleanup::{
     CLEANUP_KIND, CleanupRequest, DEFAULT_PROCESSED_TTL, MIN_JOB_TTL, ProcessedCleanup,
 };

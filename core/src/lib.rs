@@ -48,7 +48,10 @@ pub use envelope::{
 };
 pub use error::ErrorClass;
 pub use id::{CorrelationId, JobId, TenantId, UUID_PATTERN, UUIDV7_PATTERN, UuidError};
-pub use name::{ConsumerName, Kind, MAX_NAME_LEN, NAME_PATTERN, NameError, QueueName, Rail};
+pub use name::{
+    ConsumerName, Kind, MAX_NAME_LEN, NAME_PATTERN, NameError, PROCESSED_JOBS_CLEANUP_KIND,
+    QueueName,
+};
 pub use queue::{
     ConsumerPort, Delivery, Depth, Lease, LeaseLimits, MAX_WAIT, PublishOptions, PullPort,
     QueueDepth, QueueError, QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement, later,

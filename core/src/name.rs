@@ -13,6 +13,10 @@ pub const NAME_PATTERN: &str = "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$";
 /// The longest kind or queue name, in characters.
 pub const MAX_NAME_LEN: usize = 128;
 
+/// The kind of the standard's `core.processed_jobs` TTL cleanup: scheduled by `jobs-cron`,
+/// handled by `jobs-consumers`, named once here, where both can reach it.
+pub const PROCESSED_JOBS_CLEANUP_KIND: &str = "core.processed_jobs_cleanup";
+
 /// Why a string is not an acceptable kind or queue name.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -164,70 +168,3 @@ name_newtype!(
     /// `core.processed_jobs`, so two consumers of one queue each process every job once.
     ConsumerName
 );
-
-/// The two notification rails of a channel. Transactional traffic always has priority.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Rail {
-    /// Messages a user is waiting for (password resets, receipts).
-    Transactional,
-    /// Bulk sends that may wait (campaigns, digests).
-    Marketing,
-}
-
-impl Rail {
-    /// The rail's segment in a queue name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Rail::Transactional => "transactional",
-            Rail::Marketing => "marketing",
-        }
-    }
-}
-
-impl QueueName {
-    /// The standard's notification queue `notif.{channel}.{rail}`.
-    ///
-    /// ```
-    /// use jobs_core::{QueueName, Rail};
-    ///
-    /// let q = QueueName::notification("email", Rail::Transactional)?;
-    /// assert_eq!(q.as_str(), "notif.email.transactional");
-    /// assert_eq!(q.notification_rail(), Some(("email", Rail::Transactional)));
-    /// # Ok::<(), jobs_core::NameError>(())
-    /// ```
-    pub fn notification(channel: &str, rail: Rail) -> Result<QueueName, NameError> {
-        if channel.contains('.') {
-            return Err(NameError::BadChar {
-                found: '.',
-                position: channel.find('.').map_or(0, |i| i + 1),
-            });
-        }
-        format!("notif.{channel}.{}", rail.as_str()).parse()
-    }
-
-    /// `notif.{channel}.transactional`.
-    pub fn transactional(channel: &str) -> Result<QueueName, NameError> {
-        QueueName::notification(channel, Rail::Transactional)
-    }
-
-    /// `notif.{channel}.marketing`.
-    pub fn marketing(channel: &str) -> Result<QueueName, NameError> {
-        QueueName::notification(channel, Rail::Marketing)
-    }
-
-    /// The channel and rail when this is a notification queue.
-    pub fn notification_rail(&self) -> Option<(&str, Rail)> {
-        let mut parts = self.0.split('.');
-        let (Some("notif"), Some(channel), Some(rail), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return None;
-        };
-        let rail = match rail {
-            "transactional" => Rail::Transactional,
-            "marketing" => Rail::Marketing,
-            _ => return None,
-        };
-        Some((channel, rail))
-    }
-}

@@ -24,11 +24,9 @@ pub const DATA_FRESHNESS_KIND: &str = "core.data_freshness";
 pub const POINTS_EXPIRING_SOON_KIND: &str = "core.points_expiring_soon";
 /// Kind of the usage snapshot (every 30 minutes).
 pub const USAGE_SNAPSHOT_KIND: &str = "core.usage_snapshot";
-/// Kind of the `core.processed_jobs` TTL cleanup (daily).
-///
-/// The same string as `jobs_consumers::cleanup::CLEANUP_KIND`, repeated here because the
-/// dependency rule keeps `jobs-cron` on `jobs-core` only; a test pins the two together.
-pub const PROCESSED_JOBS_CLEANUP_KIND: &str = "core.processed_jobs_cleanup";
+/// Kind of the `core.processed_jobs` TTL cleanup (daily), which `jobs-consumers` handles:
+/// named once, in `jobs-core`.
+pub use jobs_core::PROCESSED_JOBS_CLEANUP_KIND;
 
 /// The entitlement that selects a tenant's data-freshness [`Tier`].
 pub const DATA_FRESHNESS_ENTITLEMENT: &str = "data_freshness";

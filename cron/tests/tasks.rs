@@ -18,9 +18,7 @@ fn jan1() -> std::time::SystemTime {
 }
 
 #[test]
-fn the_cleanup_kind_is_the_consumers_one_and_parses() {
-    // `jobs_consumers::cleanup::CLEANUP_KIND`, which jobs-cron may not depend on.
-    assert_eq!(PROCESSED_JOBS_CLEANUP_KIND, "core.processed_jobs_cleanup");
+fn the_cleanup_kind_parses_and_is_scheduled_once_a_day_for_all() {
     let kind: Kind = PROCESSED_JOBS_CLEANUP_KIND.parse().expect("a valid kind");
     let cleanup = standard_tasks()
         .into_iter()

@@ -75,7 +75,7 @@ pub struct Blast {
     pub tenant: TenantId,
     /// The request or workflow the blast belongs to.
     pub correlation: CorrelationId,
-    /// The rail's queue, e.g. [`QueueName::marketing`]`("email")`.
+    /// The rail's queue, e.g. [`marketing`](crate::marketing)`("email")`.
     pub queue: QueueName,
 }
 
@@ -95,7 +95,7 @@ pub struct Blast {
 ///     id: JobId::generate(), // keep it to republish the same blast safely
 ///     tenant,
 ///     correlation,
-///     queue: QueueName::marketing("email")?,
+///     queue: jobs_notifications::marketing("email")?,
 /// };
 /// let emails = recipients
 ///     .into_iter()

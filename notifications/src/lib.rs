@@ -1,6 +1,6 @@
 //! Notification rails over the `jobs-core` ports: one queue per channel per rail
-//! (`notif.{channel}.transactional` and `notif.{channel}.marketing`, see
-//! [`jobs_core::QueueName::notification`]), with transactional traffic always first.
+//! (`notif.{channel}.transactional` and `notif.{channel}.marketing`, see [`Rail::queue`]),
+//! with transactional traffic always first.
 //!
 //! - The priority rule: [`PriorityGate`] decides, with hysteresis so workers do not flap, and
 //!   [`TransactionalFirst`] applies it as a layer over a marketing queue's consuming side, so an
@@ -19,12 +19,14 @@
 
 mod email;
 mod priority;
+mod rail;
 
 pub use email::{
     Blast, DEFAULT_RATE_LIMIT_BACKOFF, EmailChunk, EmailSender, ProviderLimits, SEND_EMAIL_KIND,
     SendError, chunk_emails, publish_emails,
 };
 pub use priority::TransactionalFirst;
+pub use rail::{Rail, marketing, transactional};
 
 /// Whether marketing workers of a channel may fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

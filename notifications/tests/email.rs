@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use jobs_adapter_memory::{MemoryQueue, MemoryRateLimiter};
 use jobs_core::{
     Acquired, Bucket, Clock, Email, EmailError, EmailProvider, Envelope, JobId, ManualClock,
-    PullPort, QueueDepth, QueueName, RateLimiter,
+    PullPort, QueueDepth, RateLimiter,
 };
 use jobs_notifications::{
     Blast, EmailChunk, EmailSender, ProviderLimits, SEND_EMAIL_KIND, SendError, chunk_emails,
@@ -183,7 +183,7 @@ async fn an_oversized_or_empty_chunk_is_refused_before_any_request() {
 #[tokio::test]
 async fn a_blast_is_published_as_one_job_per_chunk_once() {
     let queue = MemoryQueue::new(Arc::new(ManualClock::default()));
-    let marketing = QueueName::marketing("email").expect("valid");
+    let marketing = jobs_notifications::marketing("email").expect("valid");
     let blast = Blast {
         id: JobId::generate(),
         tenant: fixtures::tenant(1),

@@ -34,8 +34,8 @@ async fn send(
 #[tokio::test]
 async fn marketing_waits_while_transactional_is_deep_and_nothing_is_lost() {
     let queue = MemoryQueue::new(Arc::new(ManualClock::default()));
-    let transactional = QueueName::transactional("email").expect("valid");
-    let marketing = QueueName::marketing("email").expect("valid");
+    let transactional = jobs_notifications::transactional("email").expect("valid");
+    let marketing = jobs_notifications::marketing("email").expect("valid");
     let layered = TransactionalFirst::new(
         Arc::new(queue.clone()),
         Arc::new(queue.clone()),

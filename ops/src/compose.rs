@@ -31,7 +31,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 #[cfg(feature = "betterstack")]
 use jobs_adapter_betterstack::{BetterStackAlerter, BetterStackConfig, BetterStackError};
 use jobs_adapter_memory::{MemoryQueue, MemoryRateLimiter};
@@ -50,8 +49,8 @@ use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueues
 #[cfg(feature = "postgres")]
 use jobs_consumers::WorkerConfig;
 use jobs_core::{
-    Alert, AlertError, Alerter, ConsumerPort, DeadLetterStore, ProcessedJobs, QueueDepth,
-    QueuePort, RateLimiter, StoreError, SystemClock,
+    Alerter, ConsumerPort, DeadLetterStore, ProcessedJobs, QueueDepth, QueuePort, RateLimiter,
+    StoreError, SystemClock,
 };
 use thiserror::Error;
 
@@ -1182,24 +1181,8 @@ pub fn alerter(config: &Config) -> Result<Arc<dyn Alerter>, ComposeError> {
     }
 }
 
-/// The default alerter: one line per alert on standard error, for development and for
-/// deployments whose log pipeline pages.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ConsoleAlerter;
-
-#[async_trait]
-impl Alerter for ConsoleAlerter {
-    async fn alert(&self, alert: &Alert) -> Result<(), AlertError> {
-        eprintln!(
-            "alert: {} ({}, {} time(s)): {}",
-            alert.title,
-            alert.queue.as_str(),
-            alert.count,
-            alert.detail
-        );
-        Ok(())
-    }
-}
+/// The default alerter, from the runtime crate.
+pub use jobs_consumers::ConsoleAlerter;
 
 #[cfg(all(test, feature = "jobsctl"))]
 mod tests {

@@ -357,8 +357,8 @@ async fn notifications_scene(out: &mut impl Write) -> Result<()> {
     let sender = Arc::new(EmailSender::new(provider, limiter.clone(), limits));
     let queue = MemoryQueue::default();
     let store = MemoryStore::default();
-    let transactional = QueueName::transactional("email")?;
-    let marketing = QueueName::marketing("email")?;
+    let transactional = jobs_notifications::transactional("email")?;
+    let marketing = jobs_notifications::marketing("email")?;
     let gate = PriorityGate::new(4, 0)?;
     let layered = Arc::new(TransactionalFirst::new(
         Arc::new(queue.clone()),

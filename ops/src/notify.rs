@@ -129,7 +129,7 @@ mod tests {
             EmailSender::new(Arc::new(provider), limiter.clone(), limits.clone())
                 .clock(clock.clone()),
         );
-        let marketing = QueueName::marketing("email").expect("valid");
+        let marketing = jobs_notifications::marketing("email").expect("valid");
         let worker = Worker::builder(
             ConsumerName::try_from("notif.email.sender").expect("valid"),
             marketing.clone(),

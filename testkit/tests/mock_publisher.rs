@@ -17,7 +17,9 @@ async fn on_signed_up(
         fixtures::kind("accounts.welcome_email"),
         json!({ "to": email }),
     );
-    let rail = QueueName::transactional("email").expect("a valid channel");
+    let rail = "notif.email.transactional"
+        .parse::<QueueName>()
+        .expect("a valid name");
     queue
         .publish(&rail, &envelope, PublishOptions::default())
         .await
