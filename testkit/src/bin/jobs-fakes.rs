@@ -6,23 +6,48 @@
 //!
 //! Prints the base URL and the credentials to configure, then serves until interrupted.
 //! Exit codes: 0 after an interrupt, 1 when the port cannot be bound, 2 for usage errors.
+//!
+//! The Resend fake enforces the rate it advertises in its `ratelimit-*` headers, Resend's
+//! 5 requests per second unless `--rate-limit N` says otherwise (`0` enforces none), and
+//! answers control endpoints under `/_fake/` (a prefix Resend never uses) so that tests in
+//! another process can inject faults: `POST /_fake/fail-next` `{"status": 429|500|503,
+//! "count": n}` answers the next `n` batch requests with that status (any of 400 to 599, a
+//! Resend error body; `429` with `retry-after`, `"retry_after": s`, default 1),
+//! `POST /_fake/drop-next`
+//! `{"count": n}` accepts and records the next `n` batches but never answers them,
+//! `POST /_fake/lose-answer-next` `{"count": n}` accepts and records them but answers `500`,
+//! and `GET /_fake/sent` lists the emails accepted (`FakeResend::enable_control` has the
+//! details).
 
 use jobs_testkit::fakes::qstash::{DEV_CURRENT_KEY, DEV_NEXT_KEY, DEV_TOKEN, FakeQStash};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use jobs_testkit::fakes::betterstack::FakeBetterStack;
-use jobs_testkit::fakes::resend::FakeResend;
+use jobs_testkit::fakes::resend::{FakeResend, RATE_LIMIT_PER_SECOND};
 use jobs_testkit::fakes::vercel_queues::FakeVercelQueues;
 
 const USAGE: &str = "\
 usage: jobs-fakes <vendor> [--port N]
+       jobs-fakes resend [--port N] [--rate-limit N]
 
 vendors:
   betterstack   BetterStack Uptime incidents API (POST /api/v3/incidents)
   resend        Resend batch emails API (POST /emails/batch)
   vercel-queues Vercel Queues v3 API (/api/v3/topic/...)
   qstash        Upstash QStash (publish, signed deliveries, queues, schedules, DLQ),
-                with the published local-development token and signing keys";
+                with the published local-development token and signing keys
+
+resend options:
+  --rate-limit N  batch requests admitted per second, 429 beyond (default 5, Resend's;
+                  0 enforces none)
+resend control endpoints (not Resend's; no API key; JSON bodies, count defaults to 1):
+  POST /_fake/fail-next         {\"status\": 429|500|503, \"count\": n, \"retry_after\": s}
+                                the next n batch requests answer that status (any of
+                                400-599, a Resend error body; 429 with retry-after: s)
+  POST /_fake/drop-next         {\"count\": n}: the next n batches are recorded, never answered
+  POST /_fake/lose-answer-next  {\"count\": n}: the next n batches are recorded, answered 500
+  GET  /_fake/sent              {\"data\": [...]}: the emails accepted so far";
 
 fn parse(args: &[String]) -> Result<(String, u16), String> {
     let mut vendor = None;
@@ -44,10 +69,36 @@ fn parse(args: &[String]) -> Result<(String, u16), String> {
     Ok((vendor.ok_or("which vendor?")?, port))
 }
 
+/// Takes the Resend fake's `--rate-limit N` out of `args`, leaving the rest to [`parse`].
+fn take_rate_limit(args: Vec<String>) -> Result<(Vec<String>, Option<usize>), String> {
+    let mut rest = Vec::with_capacity(args.len());
+    let mut rate_limit = None;
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == "--rate-limit" {
+            let value = args.next().ok_or("--rate-limit needs a number")?;
+            let limit = value.parse().map_err(|_| {
+                format!("--rate-limit: `{value}` is not a number of requests per second")
+            })?;
+            rate_limit = Some(limit);
+        } else {
+            rest.push(arg);
+        }
+    }
+    Ok((rest, rate_limit))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (vendor, port) = match parse(&args) {
+    let parsed = take_rate_limit(args).and_then(|(args, rate_limit)| {
+        let (vendor, port) = parse(&args)?;
+        if rate_limit.is_some() && vendor != "resend" {
+            return Err("--rate-limit applies to the resend fake only".to_owned());
+        }
+        Ok((vendor, port, rate_limit))
+    });
+    let (vendor, port, rate_limit) = match parsed {
         Ok(parsed) => parsed,
         Err(message) => {
             if !message.is_empty() {
@@ -59,7 +110,7 @@ async fn main() -> ExitCode {
     };
     let fake = match vendor.as_str() {
         "betterstack" => FakeBetterStack::start_on(port, "local-betterstack-token").await,
-        "resend" => return serve_resend(port).await,
+        "resend" => return serve_resend(port, rate_limit).await,
         "vercel-queues" => return serve_vercel_queues(port).await,
         "qstash" => return serve_qstash(port).await,
         other => {
@@ -89,7 +140,9 @@ async fn main() -> ExitCode {
 }
 
 /// Serves the Resend fake until interrupted, then prints the emails it accepted.
-async fn serve_resend(port: u16) -> ExitCode {
+///
+/// `rate_limit` is in batch requests per second, `None` for Resend's, `Some(0)` for none.
+async fn serve_resend(port: u16, rate_limit: Option<usize>) -> ExitCode {
     let fake = match FakeResend::start_on(port, "re_local_resend_key").await {
         Ok(fake) => fake,
         Err(e) => {
@@ -97,9 +150,20 @@ async fn serve_resend(port: u16) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let rate_limit = rate_limit.unwrap_or(RATE_LIMIT_PER_SECOND);
+    if rate_limit > 0 {
+        fake.limit_rate(rate_limit, Duration::from_secs(1));
+    }
+    fake.enable_control();
     println!("Resend fake listening");
     println!("  base URL: {}", fake.base_url());
     println!("  API key:  {}", fake.api_key());
+    if rate_limit > 0 {
+        println!("  rate:     {rate_limit} requests/s enforced (429 beyond)");
+    } else {
+        println!("  rate:     not enforced");
+    }
+    println!("  control:  {}/_fake/ (see --help)", fake.base_url());
     println!("Ctrl-C to stop.");
     if let Err(e) = tokio::signal::ctrl_c().await {
         eprintln!("error: waiting for Ctrl-C: {e}");

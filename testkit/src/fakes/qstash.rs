@@ -7,11 +7,13 @@
 //!   published local-development token ([`DEV_TOKEN`]) and signing keys ([`DEV_CURRENT_KEY`],
 //!   [`DEV_NEXT_KEY`]) are the defaults of [`FakeQStash::start`];
 //! - `POST /v2/publish/{destination}` (the URL appended unencoded) and
-//!   `POST /v2/enqueue/{queue}/{destination}` → `200` `{"messageId": "msg_…"}`; a repeated
-//!   `Upstash-Deduplication-Id` within 10 minutes → `202` with the first id and
-//!   `"deduplicated": true`; `Upstash-Delay` (`1d2h3m4s`), `Upstash-Not-Before` (unix seconds,
-//!   wins over the delay), `Upstash-Retries` (default 3), `Upstash-Retry-Delay` (an expression
-//!   in ms over `retried`), `Upstash-Timeout`, `Upstash-Method`, `Upstash-Forward-*`;
+//!   `POST /v2/enqueue/{queue}/{destination}` → `200` `{"messageId": "msg_…", "url": …,
+//!   "deduplicated": false}`; a repeated `Upstash-Deduplication-Id`, or with
+//!   `Upstash-Content-Based-Deduplication: true` the same destination, body, `Content-Type` and
+//!   forwarded headers, within 10 minutes → `202` with the first id and `"deduplicated": true`;
+//!   `Upstash-Delay` (`1d2h3m4s`), `Upstash-Not-Before` (unix seconds, wins over the delay),
+//!   `Upstash-Retries` (default 3), `Upstash-Retry-Delay` (an expression in ms over `retried`),
+//!   `Upstash-Timeout`, `Upstash-Method`, `Upstash-Forward-*`;
 //! - `POST /v2/batch`: a JSON array of `{destination, body, headers, queue}`, one answer each;
 //! - delivery to the destination with `Upstash-Signature` (JWT HS256 keyed by the signing-key
 //!   string; `iss`, `sub`, `exp` = `iat` + 300, `nbf`, `iat`, `jti`, `body` = base64url of the
@@ -23,13 +25,25 @@
 //!   `n` the retries so far; `489` with `Upstash-NonRetryable-Error: true`, or no retry left,
 //!   moves the message to the DLQ (`dlqId` = `"<ms>-<seq>"`);
 //! - queues: `POST /v2/queues` (upsert), `GET /v2/queues`, `GET|DELETE /v2/queues/{name}` with
-//!   `lag`; parallelism 1 delivers one message of the queue at a time, in order (FIFO);
+//!   `paused` and `lag`, `POST /v2/queues/{name}/pause|resume` (a paused queue accepts messages
+//!   and delivers none until resumed); parallelism 1 delivers one message of the queue at a
+//!   time, in order (FIFO);
 //! - schedules: `POST /v2/schedules/{destination}` with `Upstash-Cron` and an optional
 //!   `Upstash-Schedule-Id` (upsert) → `{"scheduleId"}`, `GET /v2/schedules`,
 //!   `GET|DELETE /v2/schedules/{id}`; a schedule fires when a test calls
 //!   [`FakeQStash::fire_schedule`] (the cron expression is stored, not interpreted);
-//! - DLQ: `GET /v2/dlq?cursor=&count=`, `GET|DELETE /v2/dlq/{dlqId}`, `DELETE /v2/dlq`
-//!   `{"dlqIds": […]}`, `POST /v2/dlq/retry/{dlqId}` → `201` `{"messageId"}`.
+//! - DLQ: `GET /v2/dlq?cursor=&count=` (filters `dlqIds`, `messageId`, `url`, `queueName`),
+//!   `GET|DELETE /v2/dlq/{dlqId}` (`404` if unknown); each entry is a QStash message (`messageId`,
+//!   `url`, `method`, `header` as `{name: [values]}`, `body` or `bodyBase64`, `maxRetries`,
+//!   `notBefore` and `createdAt` in ms, `queueName`, `scheduleId`) plus `dlqId` and the last
+//!   answer (`responseStatus`, 0 when unreachable, `responseHeader`, `responseBody` or
+//!   `responseBodyBase64`); absent values are left out, never `null`;
+//!   `DELETE /v2/dlq?dlqIds=a&dlqIds=b` (or the body `{"dlqIds": […]}`) → `{"deleted": n}`,
+//!   unknown ids not counted; `POST /v2/dlq/retry/{dlqId}` → `201` with the publish answer,
+//!   `POST /v2/dlq/retry?dlqIds=a&dlqIds=b` → `201` `{"responses": [publish answer, …]}`, `404`
+//!   retrying none if an id is unknown (both also take a comma-separated value); a retry takes
+//!   the request's `Upstash-*` headers over the original ones. Filter-based bulk operations are
+//!   not faked: without `dlqIds` they answer `400`.
 //!
 //! Time: the fake's clock is the system clock plus an offset moved by [`FakeQStash::advance`].
 //! Retry delays are multiplied by a scale ([`FakeQStash::set_retry_scale`], default 1; 0 retries
@@ -47,7 +61,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::{STANDARD, URL_SAFE, URL_SAFE_NO_PAD};
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -113,8 +127,10 @@ pub struct FakeMessage {
     pub max_retries: u32,
     /// Retries made so far.
     pub retried: u32,
-    /// Not delivered before this time (the fake's clock).
+    /// Not delivered before this time (the fake's clock); moved by each retry.
     pub not_before: SystemTime,
+    /// When it was accepted (the fake's clock).
+    pub created_at: SystemTime,
     /// The schedule that created it, if any.
     pub schedule_id: Option<String>,
     /// Where it stands.
@@ -178,7 +194,7 @@ struct FakeState {
     attempts: Vec<FakeAttempt>,
     queues: Vec<FakeQueue>,
     schedules: Vec<FakeSchedule>,
-    dlq: Vec<(String, String, SystemTime, u16)>,
+    dlq: Vec<DlqEntry>,
     fault: Option<(StatusCode, usize)>,
     paused: bool,
 }
@@ -190,13 +206,29 @@ struct DeliverySpec {
     content_type: Option<String>,
     timeout: Duration,
     retry_delay: Option<String>,
+    /// The first time it was due, which retries do not move (the DLQ's `notBefore`).
+    first_not_before: SystemTime,
+}
+
+/// A message in the DLQ, with the last answer of its endpoint.
+#[derive(Debug, Clone)]
+struct DlqEntry {
+    dlq_id: String,
+    message_id: String,
+    /// The endpoint's status, 0 when it could not be reached.
+    status: u16,
+    /// The endpoint's headers (lowercase names), in order.
+    response_header: Vec<(String, String)>,
+    response_body: Vec<u8>,
 }
 
 #[derive(Debug, Clone)]
 struct FakeQueue {
     name: String,
     parallelism: u32,
+    paused: bool,
     created_at: u64,
+    updated_at: u64,
 }
 
 /// A schedule the fake holds.
@@ -376,7 +408,7 @@ impl FakeQStash {
             .state()
             .dlq
             .iter()
-            .map(|(_, id, _, _)| id.clone())
+            .map(|e| e.message_id.clone())
             .collect()
     }
 
@@ -399,7 +431,7 @@ impl FakeQStash {
                 schedule.body.clone(),
                 Some(schedule.schedule_id.clone()),
             ) {
-                Ok((id, _)) => id,
+                Ok(published) => published.message_id,
                 Err(_) => return None,
             }
         };
@@ -531,7 +563,8 @@ fn route(
             json_response(StatusCode::OK, &Value::Array(list))
         }
         (Method::GET, "/v2/dlq") => list_dlq(state, query),
-        (Method::DELETE, "/v2/dlq") => delete_dlq_many(state, &body),
+        (Method::DELETE, "/v2/dlq") => delete_dlq_many(state, query, &body),
+        (Method::POST, "/v2/dlq/retry") => retry_dlq_many(state, query, headers),
         (m, p) => {
             if let Some(name) = p.strip_prefix("/v2/queues/") {
                 return queue_item(state, &m, name);
@@ -541,7 +574,10 @@ fn route(
             }
             if let Some(id) = p.strip_prefix("/v2/dlq/retry/") {
                 return match m {
-                    Method::POST => retry_dlq(state, id, headers),
+                    Method::POST => match retry_dlq(state, id, headers) {
+                        Ok(published) => json_response(StatusCode::CREATED, &published.json()),
+                        Err((status, message)) => error(status, &message),
+                    },
                     _ => not_allowed(),
                 };
             }
@@ -553,19 +589,41 @@ fn route(
     }
 }
 
-/// What a publish answered: the id, and whether it was a duplicate.
-type Accepted = Result<(String, bool), (StatusCode, String)>;
+/// What a publish answered.
+#[derive(Debug)]
+struct Published {
+    /// The new message's id, or the first one's for a duplicate.
+    message_id: String,
+    /// The destination published to.
+    url: String,
+    deduplicated: bool,
+}
 
+impl Published {
+    /// The answer's body, as QStash's SDK types it (`PublishToUrlResponse`).
+    fn json(&self) -> Value {
+        json!({
+            "messageId": self.message_id,
+            "url": self.url,
+            "deduplicated": self.deduplicated,
+        })
+    }
+}
+
+/// A publish: what it answered, or why it was refused.
+type Accepted = Result<Published, (StatusCode, String)>;
+
+/// `200`, or `202` for a duplicate, with the publish answer.
 fn publish_answer(accepted: Accepted) -> Response {
     match accepted {
-        Ok((id, false)) => json_response(
-            StatusCode::OK,
-            &json!({ "messageId": id, "deduplicated": false }),
-        ),
-        Ok((id, true)) => json_response(
-            StatusCode::ACCEPTED,
-            &json!({ "messageId": id, "deduplicated": true }),
-        ),
+        Ok(published) => {
+            let status = if published.deduplicated {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::OK
+            };
+            json_response(status, &published.json())
+        }
         Err((status, message)) => error(status, &message),
     }
 }
@@ -593,12 +651,43 @@ fn accept(
             .map(str::trim)
             .filter(|v| !v.is_empty())
     };
-    if let Some(dedup) = text("upstash-deduplication-id") {
+    let forward: Vec<(String, String)> = headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let rest = name.as_str().strip_prefix("upstash-forward-")?;
+            Some((rest.to_owned(), value.to_str().ok()?.to_owned()))
+        })
+        .collect();
+    let content_type = text("content-type").map(str::to_owned);
+    let content_based = match text("upstash-content-based-deduplication") {
+        None => false,
+        Some(v) if v.eq_ignore_ascii_case("true") => true,
+        Some(v) if v.eq_ignore_ascii_case("false") => false,
+        Some(v) => {
+            return Err(bad(format!(
+                "invalid Upstash-Content-Based-Deduplication `{v}` (true or false)"
+            )));
+        }
+    };
+    // An explicit id wins; the content key is prefixed so the two kinds never collide.
+    let dedup_key = match text("upstash-deduplication-id") {
+        Some(id) => Some(format!("id:{id}")),
+        None if content_based => Some(format!(
+            "content:{}",
+            content_hash(destination, &body, content_type.as_deref(), &forward)
+        )),
+        None => None,
+    };
+    if let Some(key) = &dedup_key {
         state
             .dedup
             .retain(|_, (_, at)| now.duration_since(*at).unwrap_or_default() < DEDUP_WINDOW);
-        if let Some((id, _)) = state.dedup.get(dedup) {
-            return Ok((id.clone(), true));
+        if let Some((id, _)) = state.dedup.get(key) {
+            return Ok(Published {
+                message_id: id.clone(),
+                url: destination.to_owned(),
+                deduplicated: true,
+            });
         }
     }
     let not_before = match (text("upstash-not-before"), text("upstash-delay")) {
@@ -632,26 +721,20 @@ fn accept(
             .map_err(|_| bad(format!("invalid method `{m}`")))?,
         None => Method::POST,
     };
-    let forward = headers
-        .iter()
-        .filter_map(|(name, value)| {
-            let rest = name.as_str().strip_prefix("upstash-forward-")?;
-            Some((rest.to_owned(), value.to_str().ok()?.to_owned()))
-        })
-        .collect();
     let seq = state.next_seq();
     let id = format!("msg_{:016x}{seq:08x}", millis(now));
-    if let Some(dedup) = text("upstash-deduplication-id") {
-        state.dedup.insert(dedup.to_owned(), (id.clone(), now));
+    if let Some(key) = dedup_key {
+        state.dedup.insert(key, (id.clone(), now));
     }
     state.delivery.insert(
         id.clone(),
         DeliverySpec {
             method,
             forward,
-            content_type: text("content-type").map(str::to_owned),
+            content_type,
             timeout,
             retry_delay,
+            first_not_before: not_before,
         },
     );
     state.messages.push(FakeMessage {
@@ -666,10 +749,41 @@ fn accept(
         max_retries,
         retried: 0,
         not_before,
+        created_at: now,
         schedule_id,
         state: MessageState::Pending,
     });
-    Ok((id, false))
+    Ok(Published {
+        message_id: id,
+        url: destination.to_owned(),
+        deduplicated: false,
+    })
+}
+
+/// The key of content-based deduplication: destination, body, `Content-Type` and forwarded
+/// headers (sorted, so their order does not matter), each length-prefixed so no two different
+/// inputs run together.
+fn content_hash(
+    destination: &str,
+    body: &[u8],
+    content_type: Option<&str>,
+    forward: &[(String, String)],
+) -> String {
+    let mut forward = forward.to_vec();
+    forward.sort();
+    let mut hasher = Sha256::new();
+    let mut part = |bytes: &[u8]| {
+        hasher.update((bytes.len() as u64).to_be_bytes());
+        hasher.update(bytes);
+    };
+    part(destination.as_bytes());
+    part(body);
+    part(content_type.unwrap_or_default().as_bytes());
+    for (name, value) in &forward {
+        part(name.as_bytes());
+        part(value.as_bytes());
+    }
+    URL_SAFE_NO_PAD.encode(hasher.finalize())
 }
 
 fn batch(state: &mut FakeState, body: &[u8]) -> Response {
@@ -707,7 +821,7 @@ fn batch(state: &mut FakeState, body: &[u8]) -> Response {
                 ensure_queue(state, q, None);
             }
             match accept(state, destination, queue, &headers, body, None) {
-                Ok((id, deduplicated)) => json!({ "messageId": id, "deduplicated": deduplicated }),
+                Ok(published) => published.json(),
                 Err((_, message)) => json!({ "error": message }),
             }
         })
@@ -728,12 +842,15 @@ fn ensure_queue(state: &mut FakeState, name: &str, parallelism: Option<u32>) {
         Some(q) => {
             if let Some(p) = parallelism {
                 q.parallelism = p;
+                q.updated_at = now;
             }
         }
         None => state.queues.push(FakeQueue {
             name: name.to_owned(),
             parallelism: parallelism.unwrap_or(1),
+            paused: false,
             created_at: now,
+            updated_at: now,
         }),
     }
 }
@@ -775,24 +892,43 @@ fn queue_json(state: &FakeState, q: &FakeQueue) -> Value {
     json!({
         "name": q.name,
         "createdAt": q.created_at,
-        "updatedAt": q.created_at,
+        "updatedAt": q.updated_at,
         "parallelism": q.parallelism,
-        "paused": false,
+        "paused": q.paused,
         "lag": lag,
     })
 }
 
-fn queue_item(state: &mut FakeState, method: &Method, name: &str) -> Response {
+/// `GET|DELETE /v2/queues/{name}` and `POST /v2/queues/{name}/pause|resume` (`200`, no body;
+/// pausing a paused queue, or resuming an active one, changes nothing).
+fn queue_item(state: &mut FakeState, method: &Method, rest: &str) -> Response {
+    let (name, action) = match rest.split_once('/') {
+        Some((name, action)) => (name, Some(action)),
+        None => (rest, None),
+    };
     let Some(index) = state.queues.iter().position(|q| q.name == name) else {
         return error(StatusCode::NOT_FOUND, "queue not found");
     };
-    match *method {
-        Method::GET => json_response(StatusCode::OK, &queue_json(state, &state.queues[index])),
-        Method::DELETE => {
+    match (action, method) {
+        (None, &Method::GET) => {
+            json_response(StatusCode::OK, &queue_json(state, &state.queues[index]))
+        }
+        (None, &Method::DELETE) => {
             state.queues.remove(index);
             (StatusCode::OK, "").into_response()
         }
-        _ => not_allowed(),
+        (Some(action @ ("pause" | "resume")), &Method::POST) => {
+            let now = millis(state.now());
+            let queue = &mut state.queues[index];
+            let paused = action == "pause";
+            if queue.paused != paused {
+                queue.paused = paused;
+                queue.updated_at = now;
+            }
+            (StatusCode::OK, "").into_response()
+        }
+        (None | Some("pause" | "resume"), _) => not_allowed(),
+        (Some(_), _) => error(StatusCode::NOT_FOUND, "not found"),
     }
 }
 
@@ -875,124 +1011,291 @@ fn schedule_item(
     }
 }
 
-fn dlq_entry(state: &FakeState, dlq_id: &str, message_id: &str, status: u16) -> Value {
-    let message = state.messages.iter().find(|m| m.message_id == message_id);
-    json!({
-        "dlqId": dlq_id,
-        "messageId": message_id,
-        "url": message.map(|m| m.url.clone()),
-        "queueName": message.and_then(|m| m.queue.clone()),
-        "body": message.map(|m| String::from_utf8_lossy(&m.body).into_owned()),
-        "maxRetries": message.map(|m| m.max_retries),
-        "responseStatus": status,
+/// A DLQ entry as QStash lists it: the message (`Message` in QStash's API) plus `dlqId` and the
+/// endpoint's last answer. Values the message lacks are left out rather than `null`.
+fn dlq_entry(state: &FakeState, entry: &DlqEntry) -> Value {
+    let mut out = serde_json::Map::new();
+    out.insert("dlqId".into(), json!(entry.dlq_id));
+    out.insert("messageId".into(), json!(entry.message_id));
+    if let Some(m) = state
+        .messages
+        .iter()
+        .find(|m| m.message_id == entry.message_id)
+    {
+        let spec = state.delivery.get(&m.message_id);
+        out.insert("url".into(), json!(m.url));
+        let method = spec.map_or("POST", |s| s.method.as_str());
+        out.insert("method".into(), json!(method));
+        let mut sent = Vec::new();
+        if let Some(ct) = spec.and_then(|s| s.content_type.clone()) {
+            sent.push(("content-type".to_owned(), ct));
+        }
+        sent.extend(spec.map(|s| s.forward.clone()).unwrap_or_default());
+        out.insert("header".into(), header_json(&sent));
+        insert_body(&mut out, "body", "bodyBase64", &m.body);
+        out.insert("maxRetries".into(), json!(m.max_retries));
+        let not_before = spec.map_or(m.created_at, |s| s.first_not_before);
+        out.insert("notBefore".into(), json!(millis(not_before)));
+        out.insert("createdAt".into(), json!(millis(m.created_at)));
+        if let Some(queue) = &m.queue {
+            out.insert("queueName".into(), json!(queue));
+        }
+        if let Some(schedule) = &m.schedule_id {
+            out.insert("scheduleId".into(), json!(schedule));
+        }
+        let published = |name: &str| {
+            m.publish_headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        if let Some(key) = published("upstash-flow-control-key") {
+            out.insert("flowControlKey".into(), json!(key));
+        }
+        if let Some(label) = published("upstash-label") {
+            out.insert("label".into(), json!(label));
+        }
+    }
+    out.insert("responseStatus".into(), json!(entry.status));
+    out.insert("responseHeader".into(), header_json(&entry.response_header));
+    insert_body(
+        &mut out,
+        "responseBody",
+        "responseBodyBase64",
+        &entry.response_body,
+    );
+    Value::Object(out)
+}
+
+/// Headers as QStash's API shows them: `{"Name": ["value", …]}` with Go's canonical names.
+fn header_json(pairs: &[(String, String)]) -> Value {
+    let mut map = serde_json::Map::new();
+    for (name, value) in pairs {
+        let entry = map
+            .entry(canonical_header_name(name))
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(values) = entry {
+            values.push(json!(value));
+        }
+    }
+    Value::Object(map)
+}
+
+/// `content-type` → `Content-Type`.
+fn canonical_header_name(name: &str) -> String {
+    name.split('-')
+        .map(|part| {
+            let mut chars = part.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_ascii_uppercase().to_string() + &chars.as_str().to_ascii_lowercase()
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// A body under `text` when it is UTF-8, else base64 under `base64`, as QStash.
+fn insert_body(out: &mut serde_json::Map<String, Value>, text: &str, base64: &str, body: &[u8]) {
+    match std::str::from_utf8(body) {
+        Ok(body) => out.insert(text.into(), json!(body)),
+        Err(_) => out.insert(base64.into(), json!(STANDARD.encode(body))),
+    };
+}
+
+/// Every value of the query parameter `name`, repeated (`a=1&a=2`) or comma-separated
+/// (`a=1,2`), percent-decoded, empty ones dropped, first occurrence kept.
+fn query_list(query: &str, name: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for pair in query.split('&') {
+        let Some(value) = pair.strip_prefix(name).and_then(|v| v.strip_prefix('=')) else {
+            continue;
+        };
+        for item in percent_decode(value).split(',') {
+            let item = item.trim();
+            if !item.is_empty() && !out.iter().any(|o| o == item) {
+                out.push(item.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The first value of the query parameter `name`, percent-decoded.
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        pair.strip_prefix(name)
+            .and_then(|v| v.strip_prefix('='))
+            .map(percent_decode)
     })
 }
 
 fn list_dlq(state: &FakeState, query: &str) -> Response {
-    let param = |name: &str| {
-        query
-            .split('&')
-            .find_map(|p| p.strip_prefix(&format!("{name}=")))
-    };
-    let count = param("count")
+    let count = query_param(query, "count")
         .and_then(|c| c.parse::<usize>().ok())
         .unwrap_or(100)
         .clamp(1, 100);
-    let start = param("cursor")
+    let start = query_param(query, "cursor")
         .and_then(|c| c.parse::<usize>().ok())
         .unwrap_or(0);
-    let page: Vec<Value> = state
+    let ids = query_list(query, "dlqIds");
+    let message_id = query_param(query, "messageId");
+    let url = query_param(query, "url");
+    let queue = query_param(query, "queueName");
+    let matching: Vec<&DlqEntry> = state
         .dlq
+        .iter()
+        .filter(|e| ids.is_empty() || ids.contains(&e.dlq_id))
+        .filter(|e| message_id.as_ref().is_none_or(|id| *id == e.message_id))
+        .filter(|e| {
+            if url.is_none() && queue.is_none() {
+                return true;
+            }
+            let m = state.messages.iter().find(|m| m.message_id == e.message_id);
+            url.as_ref().is_none_or(|u| m.is_some_and(|m| m.url == *u))
+                && queue
+                    .as_ref()
+                    .is_none_or(|q| m.is_some_and(|m| m.queue.as_ref() == Some(q)))
+        })
+        .collect();
+    let page: Vec<Value> = matching
         .iter()
         .skip(start)
         .take(count)
-        .map(|(dlq_id, id, _, status)| dlq_entry(state, dlq_id, id, *status))
+        .map(|e| dlq_entry(state, e))
         .collect();
     let mut body = json!({ "messages": page });
-    if start + count < state.dlq.len() {
+    if start.saturating_add(count) < matching.len() {
         body["cursor"] = json!((start + count).to_string());
     }
     json_response(StatusCode::OK, &body)
 }
 
 fn dlq_item(state: &mut FakeState, method: &Method, dlq_id: &str) -> Response {
-    let Some(index) = state.dlq.iter().position(|(d, ..)| d == dlq_id) else {
+    let Some(index) = state.dlq.iter().position(|e| e.dlq_id == dlq_id) else {
         return error(StatusCode::NOT_FOUND, "dlq message not found");
     };
     match *method {
-        Method::GET => {
-            let (d, id, _, status) = &state.dlq[index];
-            json_response(StatusCode::OK, &dlq_entry(state, d, id, *status))
-        }
+        Method::GET => json_response(StatusCode::OK, &dlq_entry(state, &state.dlq[index])),
         Method::DELETE => {
-            let (_, id, _, _) = state.dlq.remove(index);
-            set_state(state, &id, MessageState::Deleted);
+            let entry = state.dlq.remove(index);
+            set_state(state, &entry.message_id, MessageState::Deleted);
             (StatusCode::OK, "").into_response()
         }
         _ => not_allowed(),
     }
 }
 
-fn delete_dlq_many(state: &mut FakeState, body: &[u8]) -> Response {
-    let Ok(request) = serde_json::from_slice::<Value>(body) else {
-        return error(StatusCode::BAD_REQUEST, "the body must be JSON");
-    };
-    let ids: Vec<String> = request
-        .get("dlqIds")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default();
+/// `DELETE /v2/dlq`: the ids from the query (as QStash's SDK sends them) or, as older clients
+/// do, from a JSON body `{"dlqIds": […]}`; unknown ids are not counted.
+fn delete_dlq_many(state: &mut FakeState, query: &str, body: &[u8]) -> Response {
+    let mut ids = query_list(query, "dlqIds");
+    if ids.is_empty() && !body.iter().all(u8::is_ascii_whitespace) {
+        let Ok(request) = serde_json::from_slice::<Value>(body) else {
+            return error(StatusCode::BAD_REQUEST, "the body must be JSON");
+        };
+        ids = request
+            .get("dlqIds")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    if ids.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "dlqIds is required (the fake does not delete by filter)",
+        );
+    }
     let mut deleted = 0;
     for id in ids {
-        if let Some(index) = state.dlq.iter().position(|(d, ..)| *d == id) {
-            let (_, message_id, _, _) = state.dlq.remove(index);
-            set_state(state, &message_id, MessageState::Deleted);
+        if let Some(index) = state.dlq.iter().position(|e| e.dlq_id == id) {
+            let entry = state.dlq.remove(index);
+            set_state(state, &entry.message_id, MessageState::Deleted);
             deleted += 1;
         }
     }
     json_response(StatusCode::OK, &json!({ "deleted": deleted }))
 }
 
-fn retry_dlq(state: &mut FakeState, dlq_id: &str, headers: &HeaderMap) -> Response {
-    let Some(index) = state.dlq.iter().position(|(d, ..)| d == dlq_id) else {
-        return error(StatusCode::NOT_FOUND, "dlq message not found");
-    };
-    let (_, message_id, _, _) = state.dlq.remove(index);
-    let Some(old) = state
+/// `POST /v2/dlq/retry?dlqIds=…`: every id must be in the DLQ, else `404` and nothing is
+/// retried; `201` `{"responses": [publish answer, …]}` in the order given.
+fn retry_dlq_many(state: &mut FakeState, query: &str, headers: &HeaderMap) -> Response {
+    let ids = query_list(query, "dlqIds");
+    if ids.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "dlqIds is required (the fake does not retry by filter)",
+        );
+    }
+    if let Some(missing) = ids
+        .iter()
+        .find(|id| !state.dlq.iter().any(|e| e.dlq_id == **id))
+    {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("dlq message {missing} not found"),
+        );
+    }
+    let mut responses = Vec::with_capacity(ids.len());
+    for id in &ids {
+        match retry_dlq(state, id, headers) {
+            Ok(published) => responses.push(published.json()),
+            Err((status, message)) => return error(status, &message),
+        }
+    }
+    json_response(StatusCode::CREATED, &json!({ "responses": responses }))
+}
+
+/// Publishes DLQ entry `dlq_id` again with its body and publish headers, the request's
+/// `Upstash-*` headers taking precedence, then removes it from the DLQ. A refused publish
+/// leaves the entry where it was.
+fn retry_dlq(state: &mut FakeState, dlq_id: &str, headers: &HeaderMap) -> Accepted {
+    let not_found = || (StatusCode::NOT_FOUND, "dlq message not found".to_owned());
+    let index = state
+        .dlq
+        .iter()
+        .position(|e| e.dlq_id == dlq_id)
+        .ok_or_else(not_found)?;
+    let message_id = state.dlq[index].message_id.clone();
+    let old = state
         .messages
         .iter()
         .find(|m| m.message_id == message_id)
         .cloned()
-    else {
-        return error(StatusCode::NOT_FOUND, "message not found");
-    };
-    set_state(state, &message_id, MessageState::Deleted);
-    // The original publish headers, overridden by the retry request's.
+        .ok_or_else(not_found)?;
+    // The original publish headers, overridden by the retry request's. Deduplication would
+    // only find the original message again, and the delay was spent.
     let mut merged = to_header_map(&old.publish_headers);
-    merged.remove("upstash-deduplication-id");
-    merged.remove("upstash-delay");
-    merged.remove("upstash-not-before");
+    for spent in [
+        "upstash-deduplication-id",
+        "upstash-content-based-deduplication",
+        "upstash-delay",
+        "upstash-not-before",
+    ] {
+        merged.remove(spent);
+    }
     for (name, value) in headers {
         if name.as_str().starts_with("upstash-") {
             merged.insert(name.clone(), value.clone());
         }
     }
-    match accept(
+    let published = accept(
         state,
         &old.url,
         old.queue.clone(),
         &merged,
         old.body,
         old.schedule_id,
-    ) {
-        Ok((id, _)) => json_response(StatusCode::CREATED, &json!({ "messageId": id })),
-        Err((status, message)) => error(status, &message),
+    )?;
+    if let Some(index) = state.dlq.iter().position(|e| e.dlq_id == dlq_id) {
+        state.dlq.remove(index);
     }
+    set_state(state, &message_id, MessageState::Deleted);
+    Ok(published)
 }
 
 fn set_state(state: &mut FakeState, message_id: &str, to: MessageState) {
@@ -1060,17 +1363,18 @@ fn not_allowed() -> Response {
 // ---------------------------------------------------------------------------------------------
 // Delivery.
 
-/// Whether a pending message may go now as far as its queue is concerned: in a queue of
-/// parallelism `p`, only the `p` oldest unsettled messages may be under way.
+/// Whether a pending message may go now as far as its queue is concerned: none of a paused
+/// queue, and in a queue of parallelism `p`, only the `p` oldest unsettled messages may be
+/// under way.
 fn eligible(state: &FakeState, message: &FakeMessage) -> bool {
     let Some(queue) = &message.queue else {
         return true;
     };
-    let parallelism = state
-        .queues
-        .iter()
-        .find(|q| &q.name == queue)
-        .map_or(1, |q| q.parallelism as usize);
+    let found = state.queues.iter().find(|q| &q.name == queue);
+    if found.is_some_and(|q| q.paused) {
+        return false;
+    }
+    let parallelism = found.map_or(1, |q| q.parallelism as usize);
     let ahead = state
         .messages
         .iter()
@@ -1174,25 +1478,37 @@ async fn deliver(
     for (name, value) in &spec.forward {
         request = request.header(name.as_str(), value.as_str());
     }
-    let answer = request.send().await;
-    let (status, retry_after, non_retryable) = match &answer {
+    // The status, headers and body of the answer; `None` when there was none in time. The
+    // DLQ shows the last answer, so the body is read even when it fails.
+    let answer = match request.send().await {
         Ok(response) => {
-            let text = |n: &str| {
-                response
-                    .headers()
-                    .get(n)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned)
-            };
-            (
-                Some(response.status().as_u16()),
-                text("retry-after"),
-                text("upstash-nonretryable-error")
-                    .is_some_and(|v| v.trim().eq_ignore_ascii_case("true")),
-            )
+            let status = response.status().as_u16();
+            let headers: Vec<(String, String)> = response
+                .headers()
+                .iter()
+                .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                .collect();
+            let body = response
+                .bytes()
+                .await
+                .map(|b| b.to_vec())
+                .unwrap_or_default();
+            Some((status, headers, body))
         }
-        Err(_) => (None, None, false),
+        Err(_) => None,
     };
+    let answered = |name: &str| {
+        answer.as_ref().and_then(|(_, headers, _)| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        })
+    };
+    let status = answer.as_ref().map(|(status, _, _)| *status);
+    let retry_after = answered("retry-after");
+    let non_retryable = answered("upstash-nonretryable-error")
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     let mut state = shared.state();
     let succeeded = status.is_some_and(|s| (200..300).contains(&s));
     let to_dlq = !succeeded
@@ -1232,10 +1548,16 @@ async fn deliver(
         stored.state = MessageState::Delivered;
     } else if to_dlq {
         stored.state = MessageState::Failed;
-        let dlq_id = format!("{}-{seq}", millis(now));
-        state
-            .dlq
-            .push((dlq_id, message.message_id, now, status.unwrap_or(0)));
+        let (response_header, response_body) = answer
+            .map(|(_, headers, body)| (headers, body))
+            .unwrap_or_default();
+        state.dlq.push(DlqEntry {
+            dlq_id: format!("{}-{seq}", millis(now)),
+            message_id: message.message_id,
+            status: status.unwrap_or(0),
+            response_header,
+            response_body,
+        });
     } else {
         stored.retried += 1;
         stored.state = MessageState::Pending;
