@@ -167,6 +167,22 @@ impl Fixture {
         .build()
     }
 
+    /// A builder of the fixture's worker over its queue, grouped or per job.
+    fn builder(&self, grouped: bool) -> jobs_consumers::WorkerBuilder<PgStore> {
+        let queue = Arc::new(self.queue.clone());
+        let builder = Worker::builder_on(
+            ConsumerName::try_from("test.grouped").expect("valid"),
+            self.name.clone(),
+            queue.clone(),
+            Arc::new(self.store.clone()),
+        );
+        if grouped {
+            builder.grouped(queue)
+        } else {
+            builder
+        }
+    }
+
     fn envelope(&self, n: i64, then: &str) -> Envelope {
         jobs_testkit::fixtures::envelope_with(1, KIND, serde_json::json!({ "n": n, "then": then }))
     }
@@ -752,18 +768,8 @@ async fn after_many_timed_out_handlers_every_connection_is_back() {
             f.publish(&f.envelope(n, "ok"), PublishOptions::default())
                 .await;
         }
-        let queue = Arc::new(f.queue.clone());
-        let mut builder = Worker::builder(
-            ConsumerName::try_from("test.grouped").expect("valid"),
-            f.name.clone(),
-            queue.clone(),
-            Arc::new(f.store.clone()),
-            Arc::new(f.store.clone()),
-        );
-        if grouped {
-            builder = builder.grouped(queue);
-        }
-        let worker = builder
+        let worker = f
+            .builder(grouped)
             .handler(KIND.parse().expect("valid"), Hangs)
             .policy(policy())
             .clock(Arc::new(f.clock.clone()))
@@ -931,18 +937,8 @@ async fn a_handler_stopped_in_the_middle_of_a_statement_leaves_nothing_running()
     for grouped in [true, false] {
         f.publish(&f.envelope(1, "ok"), PublishOptions::default())
             .await;
-        let queue = Arc::new(f.queue.clone());
-        let mut builder = Worker::builder(
-            ConsumerName::try_from("test.grouped").expect("valid"),
-            f.name.clone(),
-            queue.clone(),
-            Arc::new(f.store.clone()),
-            Arc::new(f.store.clone()),
-        );
-        if grouped {
-            builder = builder.grouped(queue);
-        }
-        let worker = builder
+        let worker = f
+            .builder(grouped)
             .handler(KIND.parse().expect("valid"), SleepsInSql)
             .clock(Arc::new(f.clock.clone()))
             .config(cfg.clone())

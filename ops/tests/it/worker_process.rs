@@ -98,6 +98,19 @@ async fn counting(
         .expect("starts")
 }
 
+/// Commits one `billing.invoices` job into `core.outbox`, as an application's transaction does.
+async fn into_the_outbox(pool: &sqlx::PgPool) {
+    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
+    let job =
+        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
+    let mut tx = pool.begin().await.expect("begin");
+    jobs_adapter_postgres::Outbox::new()
+        .publish_in(&mut tx, &queue, &job, Default::default())
+        .await
+        .expect("into the outbox");
+    tx.commit().await.expect("commit");
+}
+
 /// Kills the child if the test fails before it exits.
 struct Reaped(Child);
 
@@ -339,15 +352,7 @@ impl<Tx: Send + 'static> Handler<Tx> for Counted {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_asked_to_relays_its_outbox_and_ticks_the_cron_scheduler() {
     let (db, pool) = TestDb::migrated().await;
-    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
-    let job =
-        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
-    let mut tx = pool.begin().await.expect("begin");
-    jobs_adapter_postgres::Outbox::new()
-        .publish_in(&mut tx, &queue, &job, Default::default())
-        .await
-        .expect("into the outbox");
-    tx.commit().await.expect("commit");
+    into_the_outbox(&pool).await;
 
     let handled = Counted::default();
     let port = free_port();
@@ -420,15 +425,7 @@ async fn terminate(child: Reaped) -> (std::process::ExitStatus, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobsctl_runs_the_outbox_relay_and_the_cron_scheduler_until_sigterm() {
     let (db, pool) = TestDb::migrated().await;
-    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
-    let job =
-        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
-    let mut tx = pool.begin().await.expect("begin");
-    jobs_adapter_postgres::Outbox::new()
-        .publish_in(&mut tx, &queue, &job, Default::default())
-        .await
-        .expect("into the outbox");
-    tx.commit().await.expect("commit");
+    into_the_outbox(&pool).await;
     let queue_url = db.url.replacen("postgres://", "postgres-queue://", 1);
     let jobsctl = |command: &[&str]| {
         Reaped(
