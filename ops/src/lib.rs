@@ -1,5 +1,9 @@
-//! The library half of `jobsctl`: the composition root a downstream binary calls (or copies)
-//! to build its ports from configuration, exactly as `jobsctl` does.
+//! The library a module binary depends on, and the half of `jobsctl` that is not its command
+//! line: [`process`], a production worker process in a few lines; [`compose`], the
+//! composition root that builds the ports from configuration exactly as `jobsctl` does;
+//! [`standing`], the cron scheduler's and the outbox relay's loops; [`notify`], the email
+//! handler composed for the runtime. Each adapter is a cargo feature; `jobsctl` (the
+//! default) enables them all.
 
 pub mod compose;
 pub mod notify;
