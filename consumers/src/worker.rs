@@ -884,6 +884,7 @@ where
         let mut in_flight = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
         let mut given_back = 0;
+        let mut turn = self.turn_every();
         loop {
             self.turned();
             while let Some(joined) = in_flight.try_join_next() {
@@ -933,7 +934,7 @@ where
                         () = &mut shutdown => break,
                         Some(joined) = in_flight.join_next() => self.reaped(joined),
                         // Turns while every slot is busy, for `Worker::stuck`.
-                        () = tokio::time::sleep(self.config.poll_interval) => {}
+                        _ = turn.tick() => {}
                     }
                     Idle::Busy
                 }
@@ -976,6 +977,7 @@ where
         // an attempt and leaves its neighbours' alone.
         let mut most = 1;
         let mut given_back = 0;
+        let mut turn = self.turn_every();
         loop {
             self.turned();
             while let Some(joined) = in_flight.try_join_next() {
@@ -1044,7 +1046,7 @@ where
                     waiting = None;
                 }
                 // Turns while every slot is busy, for `Worker::stuck`.
-                () = tokio::time::sleep(self.config.poll_interval) => {}
+                _ = turn.tick() => {}
                 permit = permits.clone().acquire_owned(), if !buffer.is_empty() => {
                     let Ok(permit) = permit else { break };
                     let group = next_group(&mut buffer, size);
@@ -1158,6 +1160,14 @@ where
             }
         }
         released
+    }
+
+    /// One timer for the loop's whole life that wakes it every poll interval, so it turns
+    /// (for [`Worker::stuck`]) while every slot is busy; a missed tick is skipped, not made up.
+    fn turn_every(&self) -> tokio::time::Interval {
+        let mut turn = tokio::time::interval(self.config.poll_interval);
+        turn.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        turn
     }
 
     /// Records that the loop turned.

@@ -183,9 +183,9 @@ where
     if S::SCHEMES.contains(&scheme) {
         return Ok(url);
     }
-    Err(ComposeError::Invalid {
-        key: DATABASE_URL.describe(),
-        message: format!(
+    Err(refused(
+        &DATABASE_URL,
+        &format!(
             "names a `{scheme}:` store, but this process's handlers run on {} ({})",
             S::ENGINE,
             S::SCHEMES
@@ -194,8 +194,7 @@ where
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    }
-    .into())
+    ))
 }
 
 /// The transport [`QUEUE_URL`] names for a store's workers: pulled per job, or, for QStash,
@@ -229,14 +228,13 @@ where
         if queue.scheme == "qstash" {
             return qstash_push(config, store, queue);
         }
-        return Err(ComposeError::Invalid {
-            key: QUEUE_URL.describe(),
-            message: format!(
+        return Err(refused(
+            &QUEUE_URL,
+            &format!(
                 "`{}:` pushes its deliveries, and this build serves no route for it",
                 queue.scheme
             ),
-        }
-        .into());
+        ));
     };
     if !queue.durable {
         tracing::warn!(
@@ -1127,11 +1125,10 @@ pub fn init_tracing(format: &str) -> Result<(), ProcessError> {
         "human" => builder.try_init(),
         "json" => builder.json().try_init(),
         other => {
-            return Err(ComposeError::Invalid {
-                key: LOG_FORMAT.describe(),
-                message: format!("`{other}` is neither human nor json"),
-            }
-            .into());
+            return Err(refused(
+                &LOG_FORMAT,
+                &format!("`{other}` is neither human nor json"),
+            ));
         }
     };
     Ok(())
@@ -1179,11 +1176,10 @@ fn positive(config: &Config, key: &Key) -> Result<usize, ProcessError> {
     let value = config.require(key)?;
     match value.parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
-        _ => Err(ComposeError::Invalid {
-            key: key.describe(),
-            message: format!("`{value}` is not a whole number above zero"),
-        }
-        .into()),
+        _ => Err(refused(
+            key,
+            &format!("`{value}` is not a whole number above zero"),
+        )),
     }
 }
 
@@ -1191,22 +1187,20 @@ fn positive(config: &Config, key: &Key) -> Result<usize, ProcessError> {
 pub(crate) fn duration(config: &Config, key: &Key) -> Result<Duration, ProcessError> {
     let value = config.require(key)?;
     compose::parse_duration(value).ok_or_else(|| {
-        ComposeError::Invalid {
-            key: key.describe(),
-            message: format!("`{value}` is not a duration such as 500ms, 30s, 2m or 1h"),
-        }
-        .into()
+        refused(
+            key,
+            &format!("`{value}` is not a duration such as 500ms, 30s, 2m or 1h"),
+        )
     })
 }
 
 fn socket_addr(config: &Config) -> Result<SocketAddr, ProcessError> {
     let value = config.require(&HTTP_ADDR)?;
     value.parse().map_err(|_| {
-        ComposeError::Invalid {
-            key: HTTP_ADDR.describe(),
-            message: format!("`{value}` is not an address such as 127.0.0.1:9464"),
-        }
-        .into()
+        refused(
+            &HTTP_ADDR,
+            &format!("`{value}` is not an address such as 127.0.0.1:9464"),
+        )
     })
 }
 

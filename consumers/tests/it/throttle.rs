@@ -29,6 +29,24 @@ impl Handler<MemoryWorkTx> for Send {
     }
 }
 
+/// The provider buckets a test's jobs take their token from.
+type Buckets =
+    Box<dyn Fn(&Envelope<TestData>) -> Vec<(BucketKey, Bucket)> + std::marker::Send + Sync>;
+
+/// `Send` (recording attempts in `attempts`) behind `limiter`, taking one token from the
+/// provider bucket `bucket` per job.
+fn on_resend(
+    limiter: Arc<dyn jobs_core::RateLimiter>,
+    bucket: Bucket,
+    attempts: &Arc<Mutex<Vec<u32>>>,
+) -> Throttled<Send, Buckets> {
+    let send = Send {
+        attempts: attempts.clone(),
+    };
+    let buckets: Buckets = Box::new(move |_| vec![(BucketKey::provider("resend"), bucket)]);
+    Throttled::new(send, limiter, buckets)
+}
+
 /// The sender's worker on the harness's queue, running `handler`.
 fn sender(
     h: &Harness,
@@ -53,15 +71,9 @@ async fn denied_tokens_defer_without_spending_attempts() {
     let limiter = Arc::new(MemoryRateLimiter::new(Arc::new(h.clock.clone())));
     let provider = Bucket::new(2, 2, Duration::from_secs(10)).expect("valid");
     let attempts = Arc::new(Mutex::new(vec![]));
-    let handler = Throttled::new(
-        Send {
-            attempts: attempts.clone(),
-        },
-        limiter,
-        move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), provider)],
-    )
-    // The manual clock does not move while a job would wait for its tokens.
-    .wait_at_most(Duration::ZERO);
+    let handler = on_resend(limiter, provider, &attempts)
+        // The manual clock does not move while a job would wait for its tokens.
+        .wait_at_most(Duration::ZERO);
     let worker = sender(&h, handler);
     for n in 0..7 {
         h.publish(n).await;
@@ -142,13 +154,7 @@ impl jobs_core::RateLimiter for Refuses {
 async fn a_bucket_the_limiter_refuses_dead_letters_instead_of_deferring_forever() {
     let h = Harness::new();
     let bucket = Bucket::new(1, 1, Duration::from_secs(1)).expect("valid");
-    let handler = Throttled::new(
-        Send {
-            attempts: Arc::default(),
-        },
-        Arc::new(Refuses),
-        move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), bucket)],
-    );
+    let handler = on_resend(Arc::new(Refuses), bucket, &Arc::default());
     let worker = sender(&h, handler);
     h.publish(1).await;
     let outcomes = h.drain(&worker).await;
@@ -171,13 +177,7 @@ async fn short_waits_for_tokens_are_waited_before_the_job_runs_not_requeued() {
     let limiter = Arc::new(MemoryRateLimiter::new(Arc::new(jobs_core::SystemClock)));
     let provider = Bucket::new(1, 1, Duration::from_millis(40)).expect("valid");
     let attempts = Arc::new(Mutex::new(vec![]));
-    let handler = Throttled::new(
-        Send {
-            attempts: attempts.clone(),
-        },
-        limiter,
-        move |_: &Envelope<TestData>| vec![(BucketKey::provider("resend"), provider)],
-    );
+    let handler = on_resend(limiter, provider, &attempts);
     let worker = sender(&h, handler);
     for n in 0..6 {
         h.publish(n).await;
