@@ -13,7 +13,7 @@ use jobs_core::{
     Claim, Clock, ConsumerName, ConsumerPort, CorrelationId, DeadLetterId, DeadLetterStore,
     DecodeLimits, Delivery, Envelope, GroupTransaction, JobId, JobKind, Kind, LeaseLimits,
     NewDeadLetter, PullPort, QueueError, QueueName, Recorded, SettleInTransaction, SettlePort,
-    StoreError, SystemClock, TenantId, WorkStore, WorkTransaction,
+    StoreError, SystemClock, TenantFairness, TenantId, WorkStore, WorkTransaction,
 };
 use serde_json::Value;
 use thiserror::Error;
@@ -303,6 +303,7 @@ pub struct WorkerBuilder<S: WorkStore> {
     unknown_is_poison: bool,
     /// Why a [`WorkerBuilder::job`] kind was refused.
     invalid_kind: Option<String>,
+    fairness: Option<TenantFairness>,
 }
 
 impl<S: WorkStore> WorkerBuilder<S> {
@@ -454,6 +455,16 @@ impl<S: WorkStore> WorkerBuilder<S> {
         self
     }
 
+    /// Fetches the queue's ready jobs shared out among tenants as `fairness` says, instead of
+    /// oldest first. [`build`](Self::build) asks the pull side (the layer given to
+    /// [`pull`](Self::pull), else the transport) for it, and fails when it cannot: a push
+    /// transport, or one that fetches oldest first only, fails the build rather than serving
+    /// one tenant's backlog first at run time.
+    pub fn fair(mut self, fairness: TenantFairness) -> Self {
+        self.fairness = Some(fairness);
+        self
+    }
+
     /// Fetches through `pull`, a layer over the pull side of the worker's transport that
     /// decides what to hand out (a priority gate), while deliveries are still settled through
     /// the transport itself. Its deliveries must be the transport's: the layer passes them on.
@@ -553,6 +564,21 @@ impl<S: WorkStore> WorkerBuilder<S> {
                 "retry policy overridden for this queue"
             );
         }
+        if let Some(fairness) = self.fairness {
+            let refused = |why: String| WorkerError::Config {
+                field: "fairness".to_owned(),
+                value: fairness.to_string(),
+                why,
+            };
+            let pull = self.layer.as_ref().or(self.pull.as_ref()).ok_or_else(|| {
+                refused(
+                    "a push transport delivers what it is sent: fairness needs a pull transport"
+                        .to_owned(),
+                )
+            })?;
+            pull.share_by_tenant(&self.queue, fairness)
+                .map_err(refused)?;
+        }
         if let Some(groups) = &self.groups {
             if !(1..=MAX_GROUP_SIZE).contains(&self.config.group_size) {
                 return Err(WorkerError::GroupSize(self.config.group_size));
@@ -568,6 +594,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             queue = %self.queue,
             consumer = %self.consumer,
             mode = if self.groups.is_some() { "grouped" } else { "per job" },
+            fetch = %self.fairness.map_or_else(|| "oldest first".to_owned(), |f| f.to_string()),
             concurrency = self.config.concurrency,
             group_size = self.groups.as_ref().map(|_| self.config.group_size),
             "worker built"
@@ -802,6 +829,7 @@ where
             groups: None,
             unknown_is_poison: false,
             invalid_kind: None,
+            fairness: None,
         }
     }
 

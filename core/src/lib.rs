@@ -54,10 +54,11 @@ pub use name::{
 };
 pub use queue::{
     ConsumerPort, Delivery, Depth, Lease, LeaseLimits, MAX_WAIT, PublishOptions, PullPort,
-    QueueDepth, QueueError, QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement, later,
+    QueueDepth, QueueError, QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement,
+    TenantFairness, TenantWeights, later,
 };
 #[cfg(feature = "mock")]
-pub use queue::{MockPullPort, MockQueueDepth, MockQueuePort, MockSettlePort};
+pub use queue::{MockPullPort, MockQueueDepth, MockQueuePort, MockSettlePort, MockTenantWeights};
 #[cfg(feature = "mock")]
 pub use rate::MockRateLimiter;
 pub use rate::{Acquired, Bucket, BucketKey, RateLimitError, RateLimiter};

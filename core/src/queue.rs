@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -14,7 +15,7 @@ use thiserror::Error;
 
 use crate::envelope::Envelope;
 use crate::error::ErrorClass;
-use crate::id::JobId;
+use crate::id::{JobId, TenantId};
 use crate::name::{ConsumerName, QueueName};
 use crate::store::{Claim, GroupTransaction, StoreError, WorkStore};
 
@@ -348,6 +349,77 @@ impl LeaseLimits {
     }
 }
 
+/// Fair dequeue across the tenants of one queue, opt-in (oldest first is the default): a
+/// tenant that floods a queue, or a large tenant's nightly export, must not make every other
+/// tenant wait behind its backlog.
+///
+/// Among the tenants with ready jobs, a receive serves each in turn, as many jobs per turn as
+/// its weight (1 unless the transport holds another for it: deficit round-robin), and never
+/// has more than [`limit`](TenantFairness::limit) jobs of one tenant in flight at once,
+/// across every worker of the queue: the fetch passes over a tenant at its limit, so the
+/// others' jobs still flow. Within a tenant, oldest first. A message without a tenant (raw
+/// bytes) is served as one tenant of its own.
+///
+/// A worker asks its transport for it when it is built ([`PullPort::share_by_tenant`]).
+///
+/// ```
+/// use jobs_core::TenantFairness;
+/// use std::num::NonZeroU32;
+///
+/// let fair = TenantFairness::round_robin().limit(NonZeroU32::new(4).expect("not zero"));
+/// assert_eq!(fair.limit_value().map(NonZeroU32::get), Some(4));
+/// assert_eq!(fair.to_string(), "tenant round-robin, at most 4 in flight per tenant");
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantFairness {
+    limit: Option<NonZeroU32>,
+}
+
+impl TenantFairness {
+    /// Tenants in turn, no limit on how many of one tenant's jobs run at once.
+    pub fn round_robin() -> Self {
+        TenantFairness::default()
+    }
+
+    /// At most `jobs` of one tenant's jobs in flight at once (leased and not yet settled, the
+    /// lease unexpired), across every worker of the queue.
+    pub fn limit(mut self, jobs: NonZeroU32) -> Self {
+        self.limit = Some(jobs);
+        self
+    }
+
+    /// The per-tenant limit, if any.
+    pub fn limit_value(&self) -> Option<NonZeroU32> {
+        self.limit
+    }
+}
+
+impl fmt::Display for TenantFairness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tenant round-robin")?;
+        match self.limit {
+            Some(limit) => write!(f, ", at most {limit} in flight per tenant"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The weights of [`TenantFairness`]: a tenant of weight 3 gets three turns to a tenant of
+/// weight 1's one while both have ready jobs. Kept by the transport where its fetch reads them
+/// (a table beside the queue's, for a database), so that a composition root fills them from
+/// the tenants' entitlements; every tenant weighs 1 until set.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait TenantWeights: Send + Sync {
+    /// Gives `tenant` `weight` on `queue`, from the next fetch on.
+    async fn set_weight(
+        &self,
+        queue: &QueueName,
+        tenant: TenantId,
+        weight: NonZeroU32,
+    ) -> Result<(), QueueError>;
+}
+
 /// The pull capability: leasing ready messages, and a hint that some may have arrived.
 ///
 /// The deliveries it hands out are settled through the transport's [`SettlePort`], so a layer
@@ -385,6 +457,17 @@ pub trait PullPort: Send + Sync {
     async fn wait_for_work(&self, queue: &QueueName) {
         let _ = queue;
         std::future::pending::<()>().await;
+    }
+
+    /// Makes every later [`receive`](PullPort::receive) on `queue`, by this transport and its
+    /// clones, share ready messages out among tenants as `fairness` says instead of oldest
+    /// first; a second call replaces the first. A worker asks it once, when it is built
+    /// (`WorkerBuilder::fair` in `jobs-consumers`), so that a transport or a layer that cannot
+    /// do it fails the build instead of serving oldest first at run time: the default refuses,
+    /// and a layer forwards it to what it wraps.
+    fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+        let _ = (queue, fairness);
+        Err("this transport fetches oldest first only".to_owned())
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use jobs_core::{Delivery, PullPort, QueueDepth, QueueError, QueueName};
+use jobs_core::{Delivery, PullPort, QueueDepth, QueueError, QueueName, TenantFairness};
 
 use crate::{Gate, PriorityGate};
 
@@ -71,5 +71,10 @@ impl<P: PullPort + ?Sized> PullPort for TransactionalFirst<P> {
     /// it, which is soon enough for the rail that waits by design.
     async fn wait_for_work(&self, queue: &QueueName) {
         self.inner.wait_for_work(queue).await;
+    }
+
+    /// The marketing queue's transport shares it out; the gate only decides when to fetch.
+    fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+        self.inner.share_by_tenant(queue, fairness)
     }
 }

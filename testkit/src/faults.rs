@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use jobs_core::{ConsumerPort, Delivery, Lease, PullPort, QueueError, QueueName, SettlePort};
+use jobs_core::{
+    ConsumerPort, Delivery, Lease, PullPort, QueueError, QueueName, SettlePort, TenantFairness,
+};
 
 /// A consuming side whose next acks fail, as if the worker died between its commit (or dead
 /// letter) and the ack; it also counts lease extensions. Clones share the counters.
@@ -62,6 +64,10 @@ impl<C: PullPort + ?Sized> PullPort for LosesAcks<C> {
         lease: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
         self.inner.receive(q, max, lease).await
+    }
+
+    fn share_by_tenant(&self, q: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+        self.inner.share_by_tenant(q, fairness)
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! [`MemoryQueue`] implements both sides of the queue ports with the semantics the real
 //! transports share: delayed and scheduled delivery, leases that expire and redeliver, a
-//! delivery count per message, deduplication by key within a window, and depth per queue.
+//! delivery count per message, deduplication by key within a window, depth per queue, and fair
+//! dequeue across tenants when a worker asks for it ([`PullPort::share_by_tenant`]).
 //! Time comes from a [`Clock`], so a test moves a [`jobs_core::ManualClock`] instead of
 //! sleeping. [`MemoryStore`] holds `processed_jobs` and dead letters with the same semantics as
 //! the SQL stores. [`MemoryRateLimiter`] keeps token buckets with the semantics of the Redis
@@ -18,13 +19,15 @@ pub use store::{MemoryStore, MemoryWorkTx};
 pub use tenants::MemoryTenantDirectory;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_core::{
     Clock, Delivery, Depth, Envelope, Lease, MAX_WAIT, PublishOptions, PullPort, QueueDepth,
-    QueueError, QueueName, QueuePort, Receipt, SettlePort, SystemClock, later,
+    QueueError, QueueName, QueuePort, Receipt, SettlePort, SystemClock, TenantFairness, TenantId,
+    TenantWeights, later,
 };
 use tokio::sync::Notify;
 
@@ -102,8 +105,9 @@ impl MemoryQueue {
             .visible_at(queue, now)
             .unwrap_or_else(|_| now.checked_add(MAX_WAIT).unwrap_or(now));
         let key = opts.dedup_key_value().map(str::to_owned);
+        let message = Message::new(payload, None, visible_at);
         self.lock()
-            .enqueue(queue, payload, key, now, visible_at, self.dedup_window)
+            .enqueue(queue, message, key, now, self.dedup_window)
     }
 
     /// The names of every queue that has held a message.
@@ -167,6 +171,15 @@ struct Queue {
     /// Every unacked message by the time it (next) becomes visible: its ready time, or the
     /// expiry of its lease.
     visibility: BTreeSet<(SystemTime, u64)>,
+    /// [`Queue::visibility`] per tenant, for the fair fetch; a tenant without messages has no
+    /// entry, so the fetch's cost does not grow with idle tenants.
+    lanes: HashMap<Option<TenantId>, BTreeSet<(SystemTime, u64)>>,
+    /// Set by [`PullPort::share_by_tenant`]; oldest first when `None`.
+    fairness: Option<TenantFairness>,
+    /// The tenant the last fair fetch served last, and what is left of its turn: the next
+    /// fetch goes on with it, or starts after it when its turn is over.
+    cursor: Option<(Option<TenantId>, usize)>,
+    weights: HashMap<TenantId, NonZeroU32>,
     dedup: HashMap<String, u64>,
     /// Deduplication keys in the order they expire.
     dedup_expiry: VecDeque<(SystemTime, String)>,
@@ -175,6 +188,7 @@ struct Queue {
 #[derive(Debug)]
 struct Message {
     payload: Vec<u8>,
+    tenant: Option<TenantId>,
     /// Deliveries so far that spent an attempt.
     deliveries: u32,
     visible_at: SystemTime,
@@ -183,14 +197,26 @@ struct Message {
     generation: u64,
 }
 
+impl Message {
+    fn new(payload: Vec<u8>, tenant: Option<TenantId>, visible_at: SystemTime) -> Self {
+        Message {
+            payload,
+            tenant,
+            deliveries: 0,
+            visible_at,
+            leased: false,
+            generation: 0,
+        }
+    }
+}
+
 impl State {
     fn enqueue(
         &mut self,
         name: &QueueName,
-        payload: Vec<u8>,
+        message: Message,
         key: Option<String>,
         now: SystemTime,
-        visible_at: SystemTime,
         window: Duration,
     ) -> Receipt {
         let queue = self.queues.entry(name.clone()).or_default();
@@ -213,16 +239,13 @@ impl State {
             queue.dedup.insert(key.clone(), id);
             queue.dedup_expiry.push_back((now + window, key));
         }
-        queue.messages.insert(
-            id,
-            Message {
-                payload,
-                deliveries: 0,
-                visible_at,
-                leased: false,
-                generation: 0,
-            },
-        );
+        let visible_at = message.visible_at;
+        queue
+            .lanes
+            .entry(message.tenant)
+            .or_default()
+            .insert((visible_at, id));
+        queue.messages.insert(id, message);
         queue.visibility.insert((visible_at, id));
         if visible_at <= now {
             self.wake(name);
@@ -235,10 +258,133 @@ impl Queue {
     fn make_visible_at(&mut self, id: u64, at: SystemTime, leased: bool) {
         if let Some(message) = self.messages.get_mut(&id) {
             self.visibility.remove(&(message.visible_at, id));
+            if let Some(lane) = self.lanes.get_mut(&message.tenant) {
+                lane.remove(&(message.visible_at, id));
+                lane.insert((at, id));
+            }
             message.visible_at = at;
             message.leased = leased;
             self.visibility.insert((at, id));
         }
+    }
+
+    fn remove(&mut self, id: u64) {
+        let Some(message) = self.messages.remove(&id) else {
+            return;
+        };
+        self.visibility.remove(&(message.visible_at, id));
+        if let Some(lane) = self.lanes.get_mut(&message.tenant) {
+            lane.remove(&(message.visible_at, id));
+            if lane.is_empty() {
+                self.lanes.remove(&message.tenant);
+            }
+        }
+    }
+
+    /// Up to `max` messages due at `now`: the oldest, or shared out among tenants when the
+    /// queue is fair.
+    fn due(&mut self, now: SystemTime, max: usize) -> Vec<u64> {
+        match self.fairness {
+            None => self
+                .visibility
+                .iter()
+                .take_while(|(at, _)| *at <= now)
+                .take(max)
+                .map(|(_, id)| *id)
+                .collect(),
+            Some(fairness) => self.fair_due(fairness, now, max),
+        }
+    }
+
+    /// Deficit round-robin over the tenants with messages, going on where the last fetch
+    /// stopped: each turn takes up to the tenant's weight of its oldest due messages, passing
+    /// over a tenant with `fairness`' limit of messages in flight, until `max` are taken or
+    /// every tenant has had a turn that took none. A turn cut short by `max` goes on at the
+    /// next fetch, so that weights hold across fetches of any size.
+    fn fair_due(&mut self, fairness: TenantFairness, now: SystemTime, max: usize) -> Vec<u64> {
+        struct Turn {
+            tenant: Option<TenantId>,
+            due: VecDeque<u64>,
+            room: usize,
+            weight: usize,
+        }
+        let mut tenants: Vec<Option<TenantId>> = self.lanes.keys().copied().collect();
+        tenants.sort_unstable();
+        let mut carried = 0;
+        if let Some((last, left)) = self.cursor {
+            let from = if left > 0 {
+                tenants.partition_point(|t| *t < last)
+            } else {
+                tenants.partition_point(|t| *t <= last)
+            };
+            if tenants.get(from) == Some(&last) {
+                carried = left;
+            }
+            tenants.rotate_left(from);
+        }
+        let limit = fairness
+            .limit_value()
+            .map(|l| usize::try_from(l.get()).unwrap_or(usize::MAX));
+        let mut turns: Vec<Turn> = tenants
+            .into_iter()
+            .filter_map(|tenant| {
+                let lane = self.lanes.get(&tenant)?;
+                // One more than a fetch can take, to tell whether a turn left some behind.
+                let due: VecDeque<u64> = lane
+                    .iter()
+                    .take_while(|(at, _)| *at <= now)
+                    .take(max.saturating_add(1))
+                    .map(|(_, id)| *id)
+                    .collect();
+                let room = limit.map_or(usize::MAX, |limit| {
+                    let in_flight = lane
+                        .iter()
+                        .skip_while(|(at, _)| *at <= now)
+                        .filter(|(_, id)| self.messages.get(id).is_some_and(|m| m.leased))
+                        .count();
+                    limit.saturating_sub(in_flight)
+                });
+                let weight = tenant
+                    .and_then(|t| self.weights.get(&t))
+                    .map_or(1, |w| usize::try_from(w.get()).unwrap_or(usize::MAX));
+                Some(Turn {
+                    tenant,
+                    due,
+                    room,
+                    weight,
+                })
+            })
+            .collect();
+        let mut taken = Vec::with_capacity(max);
+        let (mut i, mut idle) = (0, 0);
+        while taken.len() < max && idle < turns.len() {
+            let turn = &mut turns[i];
+            let quota = if carried > 0 {
+                std::mem::take(&mut carried)
+            } else {
+                turn.weight
+            };
+            let share = quota.min(turn.room).min(max - taken.len());
+            let before = taken.len();
+            while taken.len() - before < share {
+                let Some(id) = turn.due.pop_front() else {
+                    break;
+                };
+                taken.push(id);
+            }
+            let took = taken.len() - before;
+            turn.room -= took;
+            if took == 0 {
+                idle += 1;
+            } else {
+                idle = 0;
+                let more = !turn.due.is_empty() && turn.room > 0;
+                let left = if more { quota - took } else { 0 };
+                self.cursor = Some((turn.tenant, left));
+            }
+            i = (i + 1) % turns.len();
+        }
+        taken
     }
 }
 
@@ -267,14 +413,10 @@ impl QueuePort for MemoryQueue {
         let now = self.clock.now();
         let visible_at = opts.visible_at(queue, now)?;
         let key = opts.dedup_key_for(envelope).into_owned();
-        Ok(self.lock().enqueue(
-            queue,
-            payload,
-            Some(key),
-            now,
-            visible_at,
-            self.dedup_window,
-        ))
+        let message = Message::new(payload, Some(envelope.tenant_id), visible_at);
+        Ok(self
+            .lock()
+            .enqueue(queue, message, Some(key), now, self.dedup_window))
     }
 }
 
@@ -292,13 +434,7 @@ impl PullPort for MemoryQueue {
         let Some(queue) = state.queues.get_mut(name) else {
             return Ok(vec![]);
         };
-        let due: Vec<u64> = queue
-            .visibility
-            .iter()
-            .take_while(|(at, _)| *at <= now)
-            .take(max)
-            .map(|(_, id)| *id)
-            .collect();
+        let due = queue.due(now, max);
         let mut deliveries = Vec::with_capacity(due.len());
         for id in due {
             // Still leased when due again: its lease expired unsettled.
@@ -329,16 +465,24 @@ impl PullPort for MemoryQueue {
         let waker = self.lock().waker(queue);
         waker.notified().await;
     }
+
+    /// Shares `queue` out among tenants in process: the tenants' weights are those set with
+    /// [`TenantWeights::set_weight`], the limit counts this queue's (and its clones')
+    /// deliveries in flight.
+    fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+        self.lock()
+            .queues
+            .entry(queue.clone())
+            .or_default()
+            .fairness = Some(fairness);
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl SettlePort for MemoryQueue {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
-        self.settle(lease, |queue, id, _| {
-            if let Some(message) = queue.messages.remove(&id) {
-                queue.visibility.remove(&(message.visible_at, id));
-            }
-        })
+        self.settle(lease, |queue, id, _| queue.remove(id))
     }
 
     async fn retry_at(&self, lease: &Lease, at: SystemTime) -> Result<(), QueueError> {
@@ -368,6 +512,25 @@ impl SettlePort for MemoryQueue {
             lease.token(),
             expires_at.unwrap_or_else(|| lease.expires_at()),
         ))
+    }
+}
+
+/// Weights of this queue's fair fetch, in process.
+#[async_trait]
+impl TenantWeights for MemoryQueue {
+    async fn set_weight(
+        &self,
+        queue: &QueueName,
+        tenant: TenantId,
+        weight: NonZeroU32,
+    ) -> Result<(), QueueError> {
+        self.lock()
+            .queues
+            .entry(queue.clone())
+            .or_default()
+            .weights
+            .insert(tenant, weight);
+        Ok(())
     }
 }
 

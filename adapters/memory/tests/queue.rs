@@ -7,6 +7,7 @@ use std::time::Duration;
 use jobs_adapter_memory::MemoryQueue;
 use jobs_core::{
     Envelope, JobId, ManualClock, PublishOptions, PullPort, QueueName, QueuePort, SettlePort,
+    TenantFairness,
 };
 use jobs_testkit::contract::queue::{self, QueueUnderTest};
 use jobs_testkit::fixtures;
@@ -14,6 +15,21 @@ use jobs_testkit::fixtures;
 #[tokio::test]
 async fn memory_queue_passes_the_queue_contract() {
     queue::run(|| async {
+        let clock = ManualClock::default();
+        let memory = MemoryQueue::new(Arc::new(clock.clone()));
+        QueueUnderTest {
+            publisher: Arc::new(memory.clone()),
+            consumer: Arc::new(memory.clone()),
+            depth: Some(Arc::new(memory)),
+            time: Arc::new(clock),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn memory_queue_passes_the_queue_contract_when_fair() {
+    queue::run_fair(TenantFairness::round_robin(), || async {
         let clock = ManualClock::default();
         let memory = MemoryQueue::new(Arc::new(clock.clone()));
         QueueUnderTest {
@@ -226,4 +242,23 @@ async fn wait_for_work_wakes_on_a_ready_publish_to_its_queue_only() {
         "the earlier publish to `b` wakes"
     );
     assert!(!resolved(memory.wait_for_work(&b)).await, "and only once");
+}
+
+/// Fair dequeue across tenants, on random mixes of backlogs, weights, limits, holds and
+/// retries (`PROPTEST_CASES` raises the count).
+#[test]
+fn memory_queue_keeps_the_fairness_contract() {
+    jobs_testkit::contract::fairness::check(jobs_testkit::model::cases(128), || async {
+        let clock = ManualClock::default();
+        let memory = MemoryQueue::new(Arc::new(clock.clone()));
+        jobs_testkit::contract::fairness::FairUnderTest {
+            queue: QueueUnderTest {
+                publisher: Arc::new(memory.clone()),
+                consumer: Arc::new(memory.clone()),
+                depth: Some(Arc::new(memory.clone())),
+                time: Arc::new(clock),
+            },
+            weights: Arc::new(memory),
+        }
+    });
 }

@@ -1054,3 +1054,77 @@ async fn typed_jobs_are_published_and_handled_by_their_data_type() {
         "{refused}"
     );
 }
+
+/// Fairness is asked of the pull side when the worker is built: a transport that shares its
+/// queue out gets it, and a layer or a push transport that cannot fails the build, naming the
+/// setting, instead of serving one tenant's backlog first at run time.
+#[tokio::test]
+async fn fairness_is_granted_by_the_pull_side_or_the_build_fails() {
+    let h = Harness::new();
+    let fair = jobs_core::TenantFairness::round_robin();
+    scripted(&h, h.builder().fair(fair));
+    for n in 0..4 {
+        h.publish(n).await;
+    }
+    let light = jobs_testkit::fixtures::envelope_with(2, KIND, serde_json::json!({ "n": 9 }));
+    h.queue
+        .publish(&h.name, &light, jobs_core::PublishOptions::default())
+        .await
+        .expect("publish");
+    let first_two = jobs_core::PullPort::receive(&h.queue, &h.name, 2, Duration::from_secs(30))
+        .await
+        .expect("receive");
+    let tenants: std::collections::HashSet<_> = first_two
+        .iter()
+        .map(|d| {
+            jobs_core::Envelope::decode(&d.payload)
+                .expect("an envelope")
+                .tenant_id
+        })
+        .collect();
+    assert_eq!(tenants.len(), 2, "the later tenant is served in turn");
+
+    let layer = Arc::new(CountsFetches {
+        inner: h.queue.clone(),
+        fetches: Default::default(),
+    });
+    let refused = h
+        .builder()
+        .pull(layer)
+        .fair(fair)
+        .handler(
+            KIND.parse().expect("valid"),
+            crate::harness::Scripted {
+                script: ok,
+                calls: h.calls.clone(),
+            },
+        )
+        .build()
+        .map(|_| ())
+        .expect_err("a layer that does not forward fairness is refused");
+    let shown = refused.to_string();
+    assert!(
+        shown.contains("fairness") && shown.contains("oldest first only"),
+        "{shown}"
+    );
+
+    let push = jobs_consumers::Worker::push_builder(
+        ConsumerName::try_from("test.consumer").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.queue.clone()),
+        Arc::new(h.store.clone()),
+        Arc::new(h.store.clone()),
+    )
+    .fair(fair)
+    .handler(
+        KIND.parse().expect("valid"),
+        crate::harness::Scripted {
+            script: ok,
+            calls: h.calls.clone(),
+        },
+    )
+    .build()
+    .map(|_| ())
+    .expect_err("a push transport is refused");
+    assert!(push.to_string().contains("pull transport"), "{push}");
+}

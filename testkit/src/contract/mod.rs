@@ -4,6 +4,7 @@
 //! one after another, each on a fresh instance and its own queue names, and panics with the
 //! name of the first check that fails. Ordering of deliveries is never assumed.
 
+pub mod fairness;
 pub mod queue;
 pub mod rate;
 pub mod store;

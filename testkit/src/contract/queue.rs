@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use jobs_core::{
     ConsumerPort, Delivery, Depth, Envelope, JobId, PublishOptions, QueueDepth, QueueError,
-    QueueName, QueuePort,
+    QueueName, QueuePort, TenantFairness,
 };
 
 use crate::TimeTravel;
@@ -113,6 +113,34 @@ where
     } else {
         reports_total_depth(make().await).await;
     }
+}
+
+/// The queues the checks use, under `contract.`.
+const QUEUES: &[&str] = &[
+    "deliver", "delay", "schedule", "expiry", "ack", "retry", "defer", "extend", "dedup",
+    "bounds.a", "bounds.b", "depth",
+];
+
+/// [`run`] with every queue of the contract fetched as `fairness` says
+/// ([`PullPort::share_by_tenant`](jobs_core::PullPort::share_by_tenant)): fair dequeue keeps
+/// every promise of oldest first but the order. A per-tenant limit changes what a receive
+/// brings by design; the fairness contract checks it.
+pub async fn run_fair<F, Fut>(fairness: TenantFairness, make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = QueueUnderTest>,
+{
+    run(|| async {
+        let t = make().await;
+        for name in QUEUES {
+            let q = queue(name);
+            t.consumer
+                .share_by_tenant(&q, fairness)
+                .unwrap_or_else(|e| panic!("{q}: share_by_tenant refused: {e}"));
+        }
+        t
+    })
+    .await;
 }
 
 fn queue(name: &str) -> QueueName {
