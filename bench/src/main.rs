@@ -4,6 +4,7 @@
 //! the baseline's and the ratio; nothing here asserts a timing.
 
 mod consume;
+mod fairness;
 mod pgqueue;
 mod ratelimit;
 mod support;
@@ -18,16 +19,18 @@ fn main() -> ExitCode {
         Some("ratelimit") => ratelimit::run(),
         Some("vercel") => vercel::run(),
         Some("pg-queue") => pgqueue::run(args.get(1).map(String::as_str)),
+        Some("fairness") => fairness::run(),
         _ => {
             eprintln!(
-                "usage: jobs-bench consume|ratelimit|vercel|pg-queue [jobs]
+                "usage: jobs-bench consume|ratelimit|vercel|pg-queue [jobs]|fairness
 
 environment: \
                  DATABASE_URL, JOBS_BENCH_JOBS (default 10000) for consume; REDIS_URL, \
                  JOBS_BENCH_ACQUISITIONS (default 20000) and JOBS_BENCH_CALLERS (default 1,16,64) \
                  for ratelimit; JOBS_BENCH_MESSAGES \
                  (default 2000) for vercel, on Vercel's emulator from .venv; DATABASE_URL, \
-                 JOBS_BENCH_PG_QUEUE_JOBS (default 100000, or the argument) for pg-queue"
+                 JOBS_BENCH_PG_QUEUE_JOBS (default 100000, or the argument) for pg-queue; \
+                 DATABASE_URL, JOBS_BENCH_FAIR_BACKLOGS (default 10000,100000) for fairness"
             );
             return ExitCode::from(2);
         }

@@ -399,6 +399,18 @@ pub const OUTBOX_RELAY: Key = Key {
     about: "on: a worker process also forwards core.outbox to its queue (PostgreSQL)",
 };
 
+/// Which queues of a worker process are fetched fairly across tenants, and their per-tenant
+/// limits.
+pub const FAIR: Key = Key {
+    name: "fair",
+    flag: None,
+    env: "JOBS_FAIR",
+    default: None,
+    secret: false,
+    about: "queues fetched fairly across tenants, comma-separated, each QUEUE or QUEUE=LIMIT \
+            (at most LIMIT jobs of one tenant in flight)",
+};
+
 /// Every configuration key, in the order `jobsctl config` prints them.
 pub const KEYS: &[Key] = &[
     DATABASE_URL,
@@ -428,6 +440,7 @@ pub const KEYS: &[Key] = &[
     CONNECT_TIMEOUT,
     CRON,
     OUTBOX_RELAY,
+    FAIR,
     VERCEL_QUEUES_PUSH,
     VERCEL_QUEUES_TRUST_PUSHED,
 ];

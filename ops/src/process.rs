@@ -49,8 +49,9 @@
 //! receipt handle is confirmed as a lease of ours. A delivery for a queue the process does
 //! not serve is refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -69,7 +70,7 @@ use jobs_adapter_sqlite::SqliteStore;
 use jobs_consumers::{CoalescingAlerter, Drained, Worker, WorkerBuilder, WorkerError};
 use jobs_core::{
     ConsumerName, DeadLetterStore, NameError, QueueDepth, QueueName, QueuePort, SystemClock,
-    TenantDirectory, WorkStore,
+    TenantDirectory, TenantFairness, WorkStore,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use thiserror::Error;
@@ -77,7 +78,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::compose::{
-    self, CONCURRENCY, CRON, ComposeError, Config, DATABASE_URL, HTTP_ADDR, Key, LOG_FORMAT,
+    self, CONCURRENCY, CRON, ComposeError, Config, DATABASE_URL, FAIR, HTTP_ADDR, Key, LOG_FORMAT,
     OUTBOX_RELAY, QUEUE_URL, Queue, SHUTDOWN_GRACE,
 };
 
@@ -699,6 +700,16 @@ where
             return Err(ProcessError::NoQueues);
         }
         let (cron, relay) = (switch(&config, &CRON)?, switch(&config, &OUTBOX_RELAY)?);
+        let mut fair = fair_queues(&config)?;
+        if let Some(unknown) = fair
+            .keys()
+            .find(|q| !self.queues.iter().any(|s| s.queue == q.as_str()))
+        {
+            return Err(refused(
+                &FAIR,
+                &format!("names `{unknown}`, which this process does not consume"),
+            ));
+        }
         let concurrency = positive(&config, &CONCURRENCY)?;
         let grace = duration(&config, &SHUTDOWN_GRACE)?;
         let addr = socket_addr(&config)?;
@@ -729,10 +740,13 @@ where
                     source,
                 }
             })?;
-            let builder = (opened.builder)(consumer, queue.clone())
+            let mut builder = (opened.builder)(consumer, queue.clone())
                 .concurrency(concurrency)
                 .shutdown_grace(grace)
                 .alerts(alerts.clone());
+            if let Some(fairness) = fair.remove(&queue) {
+                builder = builder.fair(fairness);
+            }
             let builder = (spec.build)(builder);
             if builder.settings().concurrency != concurrency {
                 return Err(ProcessError::Worker {
@@ -1160,6 +1174,37 @@ fn switch(config: &Config, key: &Key) -> Result<bool, ProcessError> {
         "off" => Ok(false),
         other => Err(refused(key, &format!("`{other}` is neither on nor off"))),
     }
+}
+
+/// The queues [`FAIR`] names, each with its fairness: `QUEUE` or `QUEUE=LIMIT`.
+fn fair_queues(config: &Config) -> Result<HashMap<QueueName, TenantFairness>, ProcessError> {
+    let mut fair = HashMap::new();
+    let Some(value) = config.get(&FAIR) else {
+        return Ok(fair);
+    };
+    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, limit) = match item.split_once('=') {
+            Some((name, limit)) => (name.trim(), Some(limit.trim())),
+            None => (item, None),
+        };
+        let queue: QueueName = name
+            .parse()
+            .map_err(|e| refused(&FAIR, &format!("`{name}` is not a queue name: {e}")))?;
+        let mut fairness = TenantFairness::round_robin();
+        if let Some(limit) = limit {
+            let limit = limit.parse::<NonZeroU32>().map_err(|_| {
+                refused(
+                    &FAIR,
+                    &format!("the limit of `{name}`, `{limit}`, is not a whole number above zero"),
+                )
+            })?;
+            fairness = fairness.limit(limit);
+        }
+        if fair.insert(queue, fairness).is_some() {
+            return Err(refused(&FAIR, &format!("names `{name}` twice")));
+        }
+    }
+    Ok(fair)
 }
 
 /// `key` cannot be honoured, for `why`.

@@ -46,6 +46,8 @@ mod convert;
 mod dead_letters;
 mod error;
 #[cfg(feature = "queue")]
+mod fair;
+#[cfg(feature = "queue")]
 mod outbox;
 mod partitions;
 #[cfg(feature = "queue")]

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use jobs_core::{
     Claim, Clock, ConsumerName, Delivery, Depth, Envelope, JobId, Lease, PublishOptions, PullPort,
     QueueDepth, QueueError, QueueName, QueuePort, Receipt, SettleInTransaction, SettlePort,
-    Settlement, StoreError, SystemClock, later,
+    Settlement, StoreError, SystemClock, TenantFairness, later,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgListener, PgRow};
@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 
 use crate::convert::{from_timestamp, to_timestamp};
 use crate::error::{is_schema_missing, is_transient, store_error};
+use crate::fair::{Fetch, Lanes};
 use crate::{PgStore, PgWorkTx};
 
 /// The channel `core.jobs`' insert trigger notifies, with the queue name as payload.
@@ -93,6 +94,7 @@ pub struct PgQueue {
     pool: PgPool,
     clock: Arc<dyn Clock>,
     hub: Arc<Hub>,
+    lanes: Arc<Lanes>,
 }
 
 impl fmt::Debug for PgQueue {
@@ -101,6 +103,21 @@ impl fmt::Debug for PgQueue {
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
+}
+
+/// The lane of a row of queue `$1` for tenant `$tenant` (SQL): on a queue listed in
+/// `core.fair_queues`, the tenant or the nil UUID, else none. The list is read by the
+/// inserting statement's own snapshot, taken after its lock on `core.jobs`, which the listing
+/// holds exclusively until it commits.
+macro_rules! lane {
+    ($tenant:literal) => {
+        concat!(
+            "case when exists (select 1 from core.fair_queues f where f.queue = $1) \
+             then coalesce(",
+            $tenant,
+            ", '00000000-0000-0000-0000-000000000000'::uuid) end"
+        )
+    };
 }
 
 /// One job of a batch publish.
@@ -120,7 +137,18 @@ impl PgQueue {
             hub: Arc::new(Hub::new(pool.clone())),
             pool,
             clock: Arc::new(SystemClock),
+            lanes: Arc::default(),
         }
+    }
+
+    /// The fair-fetch state, shared by the clones.
+    pub(crate) fn lanes(&self) -> &Lanes {
+        &self.lanes
+    }
+
+    /// Now, on the queue's clock.
+    pub(crate) fn now(&self) -> SystemTime {
+        self.clock.now()
     }
 
     /// The same queue reading time from `clock` (a `ManualClock` in tests).
@@ -206,10 +234,12 @@ impl PgQueue {
         run_at: SystemTime,
         now: SystemTime,
     ) -> Result<Receipt, QueueError> {
-        let id: Option<i64> = sqlx::query_scalar(
-            "insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at) \
-             values ($1, $2, $3, $4, $5, $6) on conflict (queue, dedup_key) do nothing returning id",
-        )
+        let id: Option<i64> = sqlx::query_scalar(concat!(
+            "insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at, lane) \
+             values ($1, $2, $3, $4, $5, $6, ",
+            lane!("$4"),
+            ") on conflict (queue, dedup_key) do nothing returning id",
+        ))
         .bind(queue.as_str())
         .bind(key)
         .bind(payload)
@@ -267,14 +297,15 @@ impl PgQueue {
         }
         // The receipts come back as one row of two arrays: a row per job costs the client
         // more than the insert costs the server.
-        let (ids, inserted_keys): (Vec<i64>, Vec<String>) = sqlx::query_as(
+        let (ids, inserted_keys): (Vec<i64>, Vec<String>) = sqlx::query_as(concat!(
             "with new as ( \
-                 insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at) \
-                 select $1, k, p, t, v, $6 \
-                 from unnest($2::text[], $3::bytea[], $4::uuid[], $5::timestamptz[]) as u(k, p, t, v) \
+                 insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at, lane) \
+                 select $1, k, p, t, v, $6, ",
+            lane!("t"),
+            " from unnest($2::text[], $3::bytea[], $4::uuid[], $5::timestamptz[]) as u(k, p, t, v) \
                  on conflict (queue, dedup_key) do nothing returning id, dedup_key) \
              select coalesce(array_agg(id), '{}'), coalesce(array_agg(dedup_key), '{}') from new",
-        )
+        ))
         .bind(queue.as_str())
         .bind(&keys)
         .bind(payloads)
@@ -363,12 +394,13 @@ impl PgQueue {
 /// makes the lease durable first. A worker's crash loses nothing of it.
 ///
 /// It answers per job its id, payload, deliveries, lease generation, lease end, and whether
-/// it was leased before (a lease that expired unsettled: [`Delivery::expired`]).
+/// it was leased before (a lease that expired unsettled: [`Delivery::expired`]). It fetches
+/// the rows without a lane: a fair queue's rows have one, and `core.lease_fair` fetches them.
 pub const LEASE_STATEMENT: &str = "with async_commit as \
          (select set_config('synchronous_commit', 'off', true)) \
      update core.jobs j set leased = true, visible_at = $3, \
          deliveries = j.deliveries + 1, lease_gen = j.lease_gen + 1 \
-     from (select id, leased from core.jobs where queue = $1 and visible_at <= $2 \
+     from (select id, leased from core.jobs where queue = $1 and lane is null and visible_at <= $2 \
            order by visible_at, id limit $4 for update skip locked) as c, async_commit \
      where j.id = c.id \
      returning j.id, j.payload, j.deliveries, j.lease_gen, j.visible_at, c.leased as expired";
@@ -398,11 +430,21 @@ fn parse_token(token: &str) -> Option<(i64, i64)> {
     Some((id.parse().ok()?, generation.parse().ok()?))
 }
 
-fn deliveries(queue: &QueueName, rows: Vec<PgRow>) -> Result<Vec<Delivery>, QueueError> {
+/// The deliveries of leased `rows` (id, payload, deliveries, generation, lease end, expired),
+/// in the order of column `order` when given (an integer), else of their ids.
+pub(crate) fn deliveries(
+    queue: &QueueName,
+    rows: Vec<PgRow>,
+    order: Option<usize>,
+) -> Result<Vec<Delivery>, QueueError> {
     let corrupt = |e: sqlx::Error| queue_error(queue, "read a leased row", e);
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         let id: i64 = row.try_get(0).map_err(corrupt)?;
+        let key = match order {
+            Some(column) => i64::from(row.try_get::<i32, _>(column).map_err(corrupt)?),
+            None => id,
+        };
         let payload: Vec<u8> = row.try_get(1).map_err(corrupt)?;
         let attempt: i32 = row.try_get(2).map_err(corrupt)?;
         let generation: i64 = row.try_get(3).map_err(corrupt)?;
@@ -413,7 +455,7 @@ fn deliveries(queue: &QueueName, rows: Vec<PgRow>) -> Result<Vec<Delivery>, Queu
             reason: e.to_string(),
         })?;
         out.push((
-            id,
+            key,
             Delivery::new(
                 payload,
                 u32::try_from(attempt).unwrap_or(0),
@@ -423,8 +465,9 @@ fn deliveries(queue: &QueueName, rows: Vec<PgRow>) -> Result<Vec<Delivery>, Queu
             .after_expiry(expired),
         ));
     }
-    // In insertion order, which is also the fetch order among rows due at the same time.
-    out.sort_by_key(|(id, _)| *id);
+    // In insertion order, which is also the fetch order among rows due at the same time, or
+    // in the order the fair fetch's rounds served them.
+    out.sort_by_key(|(key, _)| *key);
     Ok(out.into_iter().map(|(_, d)| d).collect())
 }
 
@@ -454,6 +497,9 @@ impl PullPort for PgQueue {
         if max == 0 {
             return Ok(vec![]);
         }
+        if let Fetch::Fair(list) = self.fetch_mode(queue).await? {
+            return self.lease_fair(queue, list, max, lease).await;
+        }
         let now = self.clock.now();
         let rows = sqlx::query(LEASE_STATEMENT)
             .bind(queue.as_str())
@@ -463,7 +509,7 @@ impl PullPort for PgQueue {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| queue_error(queue, "lease jobs from core.jobs", e))?;
-        deliveries(queue, rows)
+        deliveries(queue, rows, None)
     }
 
     /// Resolves at the next `core_jobs` notification for `queue` (a committed insert), or one
@@ -473,6 +519,17 @@ impl PullPort for PgQueue {
     async fn wait_for_work(&self, queue: &QueueName) {
         let waker = self.hub.waker(queue.as_str());
         waker.notified().await;
+    }
+
+    /// Fetches `queue` through `core.lease_fair` from now on. The first receive lists it in
+    /// `core.fair_queues` with `fairness`' limit (one list per database: the last worker to
+    /// start with another limit sets it, and says so in its log) and gives its pending rows
+    /// their lanes; from then on every worker of the database fetches it fairly, and every
+    /// publish gives its rows a lane. Weights come from `core.tenant_weights`
+    /// ([`TenantWeights`](jobs_core::TenantWeights)).
+    fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+        self.lanes.want(queue, fairness);
+        Ok(())
     }
 }
 

@@ -15,6 +15,11 @@
 //!   worker's [`SettlePort`](jobs_core::SettlePort)), and answers with the runtime's
 //!   settlement: 2xx, 489 with `Upstash-NonRetryable-Error`, or 5xx with `Retry-After`.
 //!
+//! QStash pushes each message when it chooses, so a worker over it cannot fetch fairly across
+//! tenants: one asked to (`WorkerBuilder::fair` in `jobs-consumers`) fails to build, saying
+//! so. QStash's own per-key limit is flow control (`Upstash-Flow-Control-Key`, with a
+//! parallelism and a rate per key), which caps one key's deliveries but does not order them.
+//!
 //! Nothing here depends on a web framework; `examples/axum_receiver.rs` mounts the receiver on
 //! an axum route. See `docs/adr/0010-qstash-adapter.md`.
 //!

@@ -24,6 +24,10 @@
 //! implement [`QueueDepth`](jobs_core::QueueDepth). A publish answered as a duplicate is not
 //! reported ([`Receipt::duplicate`] stays `false`): Vercel drops duplicates out of band.
 //!
+//! Nor can it share a queue out among tenants: a consumer group leases in Vercel's order,
+//! and nothing in the API selects by tenant or counts a tenant's leases. A worker asked to be
+//! fair over it (`WorkerBuilder::fair` in `jobs-consumers`) fails to build, saying so.
+//!
 //! See `docs/adr/0009-vercel-queues-adapter.md` for the wire facts and their sources.
 
 mod config;

@@ -243,7 +243,22 @@ async fn a_process_refuses_a_store_its_handlers_do_not_run_on_naming_the_key() {
 #[tokio::test]
 async fn a_process_refuses_settings_that_cannot_work_by_name() {
     let db = TestDb::create().await;
-    let cases: [(&str, &str, &str); 4] = [
+    let cases: [(&str, &str, &str); 7] = [
+        (
+            "JOBS_FAIR",
+            "billing.refunds",
+            "JOBS_FAIR (fair in jobs.toml): names `billing.refunds`, which this process does not consume",
+        ),
+        (
+            "JOBS_FAIR",
+            "billing.invoices=0",
+            "JOBS_FAIR (fair in jobs.toml): the limit of `billing.invoices`, `0`, is not a whole number",
+        ),
+        (
+            "JOBS_FAIR",
+            "billing.invoices, billing.invoices=2",
+            "JOBS_FAIR (fair in jobs.toml): names `billing.invoices` twice",
+        ),
         ("JOBS_CONCURRENCY", "0", "--concurrency (JOBS_CONCURRENCY"),
         (
             "JOBS_SHUTDOWN_GRACE",

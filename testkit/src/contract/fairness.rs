@@ -1,5 +1,6 @@
-//! The fairness contract: what a transport that accepts [`PullPort::share_by_tenant`] must do,
-//! checked over random mixes of tenants' backlogs.
+//! The fairness contract: what a transport that accepts
+//! [`PullPort::share_by_tenant`](jobs_core::PullPort::share_by_tenant) must do, checked over
+//! random mixes of tenants' backlogs.
 //!
 //! Each case publishes every tenant's backlog on a queue of its own (some jobs ready at once,
 //! some delayed), then drains it the way workers do: receive a batch, hold the deliveries a

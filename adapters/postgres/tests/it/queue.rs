@@ -10,8 +10,9 @@ use jobs_adapter_postgres::{NewJob, PgQueue, PgStore, PgWorkTx, Wake, sqlx};
 use jobs_core::{
     Claim, Clock, ConsumerName, GroupTransaction, ManualClock, PublishOptions, PullPort,
     QueueDepth, QueueError, QueueName, QueuePort, SettleInTransaction, SettlePort, Settlement,
-    StoreError, WorkStore, WorkTransaction,
+    StoreError, TenantFairness, WorkStore, WorkTransaction,
 };
+use jobs_testkit::contract::fairness::{self, FairUnderTest};
 use jobs_testkit::contract::queue::{self, QueueUnderTest};
 use jobs_testkit::fixtures;
 use jobs_testkit::model::{self, Backend, BoxFuture, Transport};
@@ -32,6 +33,66 @@ async fn queue(dbs: &Databases) -> (PgQueue, ManualClock) {
     let clock = ManualClock::default();
     let queue = PgQueue::new(store.pool().clone()).with_clock(Arc::new(clock.clone()));
     (queue, clock)
+}
+
+/// The queue contract with every queue fetched through `core.lease_fair`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_queue_passes_the_queue_contract_when_fair() {
+    with_databases(|dbs| async move {
+        let pool = dbs.store().await.pool().clone();
+        queue::run_fair(TenantFairness::round_robin(), || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query("truncate core.jobs, core.fair_queues")
+                    .execute(&pool)
+                    .await
+                    .expect("empty core.jobs");
+                let clock = ManualClock::default();
+                let queue = PgQueue::new(pool).with_clock(Arc::new(clock.clone()));
+                QueueUnderTest {
+                    publisher: Arc::new(queue.clone()),
+                    consumer: Arc::new(queue.clone()),
+                    depth: Some(Arc::new(queue)),
+                    time: Arc::new(clock),
+                }
+            }
+        })
+        .await;
+    })
+    .await;
+}
+
+/// Fair dequeue on random mixes of backlogs, weights, limits, holds and retries, each case a
+/// queue of its own on one database (`PROPTEST_CASES` raises the count).
+#[test]
+fn pg_queue_keeps_the_fairness_contract() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (dbs, options) = model_database(&runtime);
+    fairness::check(model::cases(24), || {
+        let options = options.clone();
+        async move {
+            let pool = PgPoolOptions::new()
+                .max_connections(2)
+                .connect_with(options)
+                .await
+                .expect("connect");
+            let clock = ManualClock::default();
+            let queue = PgQueue::new(pool).with_clock(Arc::new(clock.clone()));
+            FairUnderTest {
+                queue: QueueUnderTest {
+                    publisher: Arc::new(queue.clone()),
+                    consumer: Arc::new(queue.clone()),
+                    depth: Some(Arc::new(queue.clone())),
+                    time: Arc::new(clock),
+                },
+                weights: Arc::new(queue),
+            }
+        }
+    });
+    runtime.block_on(dbs.drop_all());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -698,6 +759,83 @@ async fn a_queue_without_its_table_says_to_migrate() {
             .await
             .expect_err("no core.jobs before migrate");
         assert!(e.to_string().ends_with("run `jobsctl migrate`)"), "{e}");
+    })
+    .await;
+}
+
+/// The per-tenant limit holds across concurrent fetches: four receivers on their own
+/// connections drain a backlog of two tenants, holding what they get for a moment, and no
+/// tenant ever has more deliveries in flight than its limit (counted down before each ack, so
+/// the count never runs ahead of the database's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_tenant_limit_holds_under_concurrent_fetches() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const LIMIT: usize = 3;
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        let q = name("fair.concurrent");
+        let queue = PgQueue::new(store.pool().clone());
+        let fair =
+            TenantFairness::round_robin().limit(std::num::NonZeroU32::new(3).expect("not zero"));
+        queue.share_by_tenant(&q, fair).expect("shared");
+        for n in 0..120 {
+            let envelope = fixtures::envelope(1 + (n % 2) as u32, n);
+            queue
+                .publish(&q, &envelope, PublishOptions::default())
+                .await
+                .expect("publish");
+        }
+        let in_flight: Arc<[AtomicUsize; 2]> = Arc::new(Default::default());
+        let most = Arc::new(AtomicUsize::new(0));
+        let acked = Arc::new(AtomicUsize::new(0));
+        let receivers: Vec<_> = (0..4)
+            .map(|_| {
+                let (queue, q) = (queue.clone(), q.clone());
+                let (in_flight, most, acked) = (in_flight.clone(), most.clone(), acked.clone());
+                tokio::spawn(async move {
+                    let mut idle = 0;
+                    while acked.load(Ordering::SeqCst) < 120 && idle < 200 {
+                        let batch = queue.receive(&q, 4, LEASE).await.expect("receive");
+                        if batch.is_empty() {
+                            idle += 1;
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            continue;
+                        }
+                        let tenants: Vec<usize> = batch
+                            .iter()
+                            .map(|d| {
+                                let e = jobs_core::Envelope::decode(&d.payload).expect("decode");
+                                usize::from(e.tenant_id != fixtures::tenant(1))
+                            })
+                            .collect();
+                        for t in &tenants {
+                            let now = in_flight[*t].fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(now, Ordering::SeqCst);
+                        }
+                        tokio::time::sleep(Duration::from_millis(3)).await;
+                        for (d, t) in batch.iter().zip(&tenants) {
+                            in_flight[*t].fetch_sub(1, Ordering::SeqCst);
+                            queue.ack(&d.lease).await.expect("ack");
+                            acked.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for receiver in receivers {
+            receiver.await.expect("a receiver");
+        }
+        assert_eq!(
+            acked.load(Ordering::SeqCst),
+            120,
+            "every job delivered once"
+        );
+        let most = most.load(Ordering::SeqCst);
+        assert!(
+            most <= LIMIT,
+            "{most} of one tenant in flight, limit {LIMIT}"
+        );
+        assert_eq!(most, LIMIT, "the receivers filled the limit at some point");
     })
     .await;
 }
