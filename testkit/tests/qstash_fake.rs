@@ -1,8 +1,9 @@
 //! `FakeQStash` answers as QStash documents, so QStash's own SDK would accept it: the DLQ's
 //! message fields, bulk DLQ retry and delete, content-based deduplication, queue pause and
 //! resume, the publish answer, and what an adapter relies on in deliveries (a signature by the
-//! next key, `Upstash-Retry-Delay`, non-retryable 489). Plain HTTP on both sides: `reqwest` to
-//! the API, a bare endpoint answering what the test sets.
+//! next key, `Upstash-Retry-Delay`, non-retryable 489), a queue upsert's `paused`, and
+//! schedules' fields, pause and resume. Plain HTTP on both sides: `reqwest` to the API, a bare
+//! endpoint answering what the test sets.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
@@ -553,6 +554,116 @@ async fn a_paused_queue_delivers_nothing_until_resumed() {
 
     let (status, _) = api.call(Method::POST, "/v2/queues/nope/pause").await;
     assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn a_queue_upsert_sets_paused_when_it_says_so() {
+    let fake = fake().await;
+    let api = Api::new(&fake);
+    let upsert = |body: Value| Api::send(api.request(Method::POST, "/v2/queues").json(&body));
+    // QStash's SDK sends `paused` on every upsert (`UpsertQueueRequest`).
+    let (status, _) = upsert(json!({ "queueName": "q-u", "parallelism": 2, "paused": true })).await;
+    assert_eq!(status, 200);
+    let (_, queue) = api.call(Method::GET, "/v2/queues/q-u").await;
+    assert_eq!(
+        (queue["paused"].clone(), queue["parallelism"].clone()),
+        (json!(true), json!(2))
+    );
+    // Without `paused` (the REST reference's body) the state stays.
+    upsert(json!({ "queueName": "q-u", "parallelism": 3 })).await;
+    let (_, queue) = api.call(Method::GET, "/v2/queues/q-u").await;
+    assert_eq!(
+        (queue["paused"].clone(), queue["parallelism"].clone()),
+        (json!(true), json!(3))
+    );
+    upsert(json!({ "queueName": "q-u", "parallelism": 3, "paused": false })).await;
+    let (_, queue) = api.call(Method::GET, "/v2/queues/q-u").await;
+    assert_eq!(queue["paused"], false);
+    let (status, _) = upsert(json!({ "queueName": "q-u", "paused": "yes" })).await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn schedules_list_the_fields_of_qstash_schedule_type_and_pause() {
+    let fake = fake().await;
+    let api = Api::new(&fake);
+    let endpoint = Endpoint::start(Answer::status(200)).await;
+    let before = now_ms(&fake);
+    let (status, created) = Api::send(
+        api.request(Method::POST, &format!("/v2/schedules/{}", endpoint.url))
+            .header("upstash-cron", "*/5 * * * *")
+            .header("upstash-schedule-id", "nightly")
+            .header("content-type", "application/json")
+            .header("upstash-method", "PUT")
+            .header("upstash-retries", "2")
+            .header("upstash-delay", "1m")
+            .header("upstash-retry-delay", "1000 * retried")
+            .header("upstash-forward-x-tenant", "acme")
+            .body(r#"{"report":"daily"}"#),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(created["scheduleId"], "nightly");
+
+    let (status, schedule) = api.call(Method::GET, "/v2/schedules/nightly").await;
+    assert_eq!(status, 200);
+    let created_at = schedule["createdAt"].as_u64().expect("createdAt in ms");
+    assert!(created_at >= before && created_at <= now_ms(&fake));
+    assert_eq!(schedule["cron"], "*/5 * * * *");
+    assert_eq!(schedule["destination"], json!(endpoint.url));
+    assert_eq!(schedule["method"], "PUT");
+    assert_eq!(schedule["isPaused"], false);
+    assert_eq!(
+        schedule["header"],
+        json!({ "Content-Type": ["application/json"], "X-Tenant": ["acme"] })
+    );
+    assert_eq!(schedule["body"], r#"{"report":"daily"}"#);
+    assert_eq!(schedule["retries"], 2);
+    assert_eq!(schedule["delay"], 60);
+    assert_eq!(schedule["retryDelayExpression"], "1000 * retried");
+    let (_, list) = api.call(Method::GET, "/v2/schedules").await;
+    assert_eq!(list, json!([schedule]));
+
+    // The reference says POST, QStash's SDK sends PATCH: both pause and resume.
+    let (status, _) = api.call(Method::PATCH, "/v2/schedules/nightly/pause").await;
+    assert_eq!(status, 200);
+    let (_, paused) = api.call(Method::GET, "/v2/schedules/nightly").await;
+    assert_eq!(paused["isPaused"], true);
+    assert_eq!(
+        fake.fire_schedule("nightly"),
+        None,
+        "a paused cron is ignored"
+    );
+    // An upsert keeps the creation time and the pause.
+    Api::send(
+        api.request(Method::POST, &format!("/v2/schedules/{}", endpoint.url))
+            .header("upstash-cron", "0 * * * *")
+            .header("upstash-schedule-id", "nightly"),
+    )
+    .await;
+    let (_, updated) = api.call(Method::GET, "/v2/schedules/nightly").await;
+    assert_eq!(
+        (
+            updated["cron"].clone(),
+            updated["isPaused"].clone(),
+            updated["createdAt"].clone()
+        ),
+        (json!("0 * * * *"), json!(true), json!(created_at))
+    );
+    assert_eq!(
+        (updated["method"].clone(), updated["retries"].clone()),
+        (json!("POST"), json!(3))
+    );
+    let (status, _) = api.call(Method::POST, "/v2/schedules/nightly/resume").await;
+    assert_eq!(status, 200);
+    let (_, resumed) = api.call(Method::GET, "/v2/schedules/nightly").await;
+    assert_eq!(resumed["isPaused"], false);
+    assert!(fake.fire_schedule("nightly").is_some());
+
+    let (status, _) = api.call(Method::POST, "/v2/schedules/nope/pause").await;
+    assert_eq!(status, 404);
+    let (status, _) = api.call(Method::GET, "/v2/schedules/nightly/pause").await;
+    assert_eq!(status, 405);
 }
 
 #[tokio::test]

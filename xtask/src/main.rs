@@ -2,6 +2,7 @@
 //! check in order, stopping at the first failure, with a summary that says how to re-run it.
 
 mod adr;
+mod conformance;
 mod deps;
 mod emulators;
 mod packaging;
@@ -20,13 +21,14 @@ Usage: cargo xtask <command>
 
 Commands:
   ci      run every CI check in order: fmt, deps, adr, packaging, services, emulators, clippy,
-          schema, features, test, doc
+          schema, features, test, conformance (the vendors' Node SDKs against the fakes), doc
   schema  regenerate the committed JSON schema of jobs-core from the code
   emulators
           install the vendors' emulators the tests run (Vercel Queues) into .venv
   bench <name>
           run a benchmark (release build) next to its baseline: consume, ratelimit, vercel,
-          pg-queue (JOBS_BENCH_PG_QUEUE_JOBS=10000 for a quick run)
+          pg-queue (JOBS_BENCH_PG_QUEUE_JOBS=10000 for a quick run), fairness
+          (JOBS_BENCH_FAIR_BACKLOGS=10000 for a quick run)
   help    print this message
 ";
 
@@ -80,6 +82,7 @@ const BENCHES: &[(&str, Cmd)] = &[
     bench!("ratelimit"),
     bench!("vercel"),
     bench!("pg-queue"),
+    bench!("fairness"),
 ];
 
 fn main() -> ExitCode {
@@ -251,6 +254,7 @@ fn plan(nextest: bool) -> Vec<Step> {
                 Cmd::new(&["test", "--workspace", "--all-features", "--doc"]),
             ],
         ),
+        check("conformance", conformance::run),
         run(
             "doc",
             &[Cmd {
@@ -452,6 +456,7 @@ mod tests {
                 "schema",
                 "features",
                 "test",
+                "conformance",
                 "doc"
             ]
         );

@@ -18,6 +18,10 @@
 //! `POST /_fake/lose-answer-next` `{"count": n}` accepts and records them but answers `500`,
 //! and `GET /_fake/sent` lists the emails accepted (`FakeResend::enable_control` has the
 //! details).
+//!
+//! The QStash fake signs deliveries with the current signing key, or with `--sign-with-next-key`
+//! with the next one, as QStash does after a key rotation: a receiver's fallback to the next key
+//! can then be checked from another process (the conformance suite in `conformance/` does).
 
 use jobs_testkit::fakes::qstash::{DEV_CURRENT_KEY, DEV_NEXT_KEY, DEV_TOKEN, FakeQStash};
 use std::process::ExitCode;
@@ -30,6 +34,7 @@ use jobs_testkit::fakes::vercel_queues::FakeVercelQueues;
 const USAGE: &str = "\
 usage: jobs-fakes <vendor> [--port N]
        jobs-fakes resend [--port N] [--rate-limit N]
+       jobs-fakes qstash [--port N] [--sign-with-next-key]
 
 vendors:
   betterstack   BetterStack Uptime incidents API (POST /api/v3/incidents)
@@ -41,6 +46,8 @@ vendors:
 resend options:
   --rate-limit N  batch requests admitted per second, 429 beyond (default 5, Resend's;
                   0 enforces none)
+qstash options:
+  --sign-with-next-key  sign deliveries with the next signing key, as after a rotation
 resend control endpoints (not Resend's; no API key; JSON bodies, count defaults to 1):
   POST /_fake/fail-next         {\"status\": 429|500|503, \"count\": n, \"retry_after\": s}
                                 the next n batch requests answer that status (any of
@@ -69,6 +76,14 @@ fn parse(args: &[String]) -> Result<(String, u16), String> {
     Ok((vendor.ok_or("which vendor?")?, port))
 }
 
+/// Takes the flag `flag` out of `args`: the rest, and whether it was there.
+fn take_flag(args: Vec<String>, flag: &str) -> (Vec<String>, bool) {
+    let before = args.len();
+    let rest: Vec<String> = args.into_iter().filter(|arg| arg != flag).collect();
+    let found = rest.len() != before;
+    (rest, found)
+}
+
 /// Takes the Resend fake's `--rate-limit N` out of `args`, leaving the rest to [`parse`].
 fn take_rate_limit(args: Vec<String>) -> Result<(Vec<String>, Option<usize>), String> {
     let mut rest = Vec::with_capacity(args.len());
@@ -91,10 +106,14 @@ fn take_rate_limit(args: Vec<String>) -> Result<(Vec<String>, Option<usize>), St
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let (args, sign_with_next) = take_flag(args, "--sign-with-next-key");
     let parsed = take_rate_limit(args).and_then(|(args, rate_limit)| {
         let (vendor, port) = parse(&args)?;
         if rate_limit.is_some() && vendor != "resend" {
             return Err("--rate-limit applies to the resend fake only".to_owned());
+        }
+        if sign_with_next && vendor != "qstash" {
+            return Err("--sign-with-next-key applies to the qstash fake only".to_owned());
         }
         Ok((vendor, port, rate_limit))
     });
@@ -112,7 +131,7 @@ async fn main() -> ExitCode {
         "betterstack" => FakeBetterStack::start_on(port, "local-betterstack-token").await,
         "resend" => return serve_resend(port, rate_limit).await,
         "vercel-queues" => return serve_vercel_queues(port).await,
-        "qstash" => return serve_qstash(port).await,
+        "qstash" => return serve_qstash(port, sign_with_next).await,
         other => {
             eprintln!("error: no fake for `{other}` yet\n\n{USAGE}");
             return ExitCode::from(2);
@@ -203,8 +222,9 @@ async fn serve_vercel_queues(port: u16) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Serves the QStash fake until interrupted, then prints the deliveries it made.
-async fn serve_qstash(port: u16) -> ExitCode {
+/// Serves the QStash fake until interrupted, then prints the deliveries it made; with
+/// `sign_with_next` it signs them with the next signing key.
+async fn serve_qstash(port: u16, sign_with_next: bool) -> ExitCode {
     let fake = match FakeQStash::start_on(port, DEV_TOKEN, DEV_CURRENT_KEY, DEV_NEXT_KEY).await {
         Ok(fake) => fake,
         Err(e) => {
@@ -212,6 +232,7 @@ async fn serve_qstash(port: u16) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    fake.sign_with_next_key(sign_with_next);
     println!("QStash fake listening");
     println!("  QSTASH_URL:                 {}", fake.base_url());
     println!("  QSTASH_TOKEN:               {}", fake.token());
@@ -220,6 +241,9 @@ async fn serve_qstash(port: u16) -> ExitCode {
         fake.current_signing_key()
     );
     println!("  QSTASH_NEXT_SIGNING_KEY:    {}", fake.next_signing_key());
+    if sign_with_next {
+        println!("  signing with:               the next key (as after a rotation)");
+    }
     println!("Ctrl-C to stop.");
     if let Err(e) = tokio::signal::ctrl_c().await {
         eprintln!("error: waiting for Ctrl-C: {e}");
@@ -236,7 +260,7 @@ async fn serve_qstash(port: u16) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{parse, take_flag};
 
     fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| (*s).to_owned()).collect()
@@ -255,5 +279,20 @@ mod tests {
         assert!(parse(&args(&["betterstack", "--port", "http"])).is_err());
         assert!(parse(&args(&["--port", "1"])).is_err());
         assert!(parse(&args(&["a", "b"])).is_err());
+    }
+
+    #[test]
+    fn a_flag_is_taken_out_wherever_it_stands() {
+        assert_eq!(
+            take_flag(
+                args(&["qstash", "--sign-with-next-key", "--port", "1"]),
+                "--sign-with-next-key"
+            ),
+            (args(&["qstash", "--port", "1"]), true)
+        );
+        assert_eq!(
+            take_flag(args(&["qstash", "--port", "1"]), "--sign-with-next-key"),
+            (args(&["qstash", "--port", "1"]), false)
+        );
     }
 }

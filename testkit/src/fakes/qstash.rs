@@ -24,20 +24,22 @@
 //!   most a day), else the `Upstash-Retry-Delay` expression, else `min(86400, e^(2.5·n))` s with
 //!   `n` the retries so far; `489` with `Upstash-NonRetryable-Error: true`, or no retry left,
 //!   moves the message to the DLQ (`dlqId` = `"<ms>-<seq>"`);
-//! - queues: `POST /v2/queues` (upsert), `GET /v2/queues`, `GET|DELETE /v2/queues/{name}` with
-//!   `paused` and `lag`, `POST /v2/queues/{name}/pause|resume` (a paused queue accepts messages
-//!   and delivers none until resumed); parallelism 1 delivers one message of the queue at a
-//!   time, in order (FIFO);
+//! - queues: `POST /v2/queues` (upsert; an optional `paused` sets the state, as QStash's SDK
+//!   sends it), `GET /v2/queues`, `GET|DELETE /v2/queues/{name}` with `paused` and `lag`,
+//!   `POST /v2/queues/{name}/pause|resume` (a paused queue accepts messages and delivers none
+//!   until resumed); parallelism 1 delivers one message of the queue at a time, in order (FIFO);
 //! - schedules: `POST /v2/schedules/{destination}` with `Upstash-Cron` and an optional
 //!   `Upstash-Schedule-Id` (upsert) → `{"scheduleId"}`, `GET /v2/schedules`,
-//!   `GET|DELETE /v2/schedules/{id}`; a schedule fires when a test calls
-//!   [`FakeQStash::fire_schedule`] (the cron expression is stored, not interpreted);
+//!   `GET|DELETE /v2/schedules/{id}` (`createdAt`, `method`, `isPaused`, `header`, `body`,
+//!   `retries`, …), `POST|PATCH /v2/schedules/{id}/pause|resume`; a schedule fires when a test
+//!   calls [`FakeQStash::fire_schedule`] (the cron expression is stored, not interpreted), a
+//!   paused one not at all;
 //! - DLQ: `GET /v2/dlq?cursor=&count=` (filters `dlqIds`, `messageId`, `url`, `queueName`),
 //!   `GET|DELETE /v2/dlq/{dlqId}` (`404` if unknown); each entry is a QStash message (`messageId`,
 //!   `url`, `method`, `header` as `{name: [values]}`, `body` or `bodyBase64`, `maxRetries`,
-//!   `notBefore` and `createdAt` in ms, `queueName`, `scheduleId`) plus `dlqId` and the last
-//!   answer (`responseStatus`, 0 when unreachable, `responseHeader`, `responseBody` or
-//!   `responseBodyBase64`); absent values are left out, never `null`;
+//!   `retryDelayExpression`, `notBefore` and `createdAt` in ms, `queueName`, `scheduleId`) plus
+//!   `dlqId` and the last answer (`responseStatus`, 0 when unreachable, `responseHeader`,
+//!   `responseBody` or `responseBodyBase64`); absent values are left out, never `null`;
 //!   `DELETE /v2/dlq?dlqIds=a&dlqIds=b` (or the body `{"dlqIds": […]}`) → `{"deleted": n}`,
 //!   unknown ids not counted; `POST /v2/dlq/retry/{dlqId}` → `201` with the publish answer,
 //!   `POST /v2/dlq/retry?dlqIds=a&dlqIds=b` → `201` `{"responses": [publish answer, …]}`, `404`
@@ -245,6 +247,11 @@ pub struct FakeSchedule {
     pub body: Vec<u8>,
     /// The publish headers it copies onto every message.
     pub headers: Vec<(String, String)>,
+    /// When it was first created (the fake's clock); an upsert keeps it.
+    pub created_at: SystemTime,
+    /// Whether it is paused: its cron trigger is then ignored ([`FakeQStash::fire_schedule`]
+    /// creates nothing) until it is resumed.
+    pub paused: bool,
 }
 
 impl Shared {
@@ -413,14 +420,15 @@ impl FakeQStash {
     }
 
     /// Creates a message from schedule `schedule_id` now, as its cron would; `None` if there is
-    /// no such schedule.
+    /// no such schedule or it is paused ("the cron trigger will simply be ignored", QStash's
+    /// pause-a-schedule page).
     pub fn fire_schedule(&self, schedule_id: &str) -> Option<String> {
         let id = {
             let mut state = self.shared.state();
             let schedule = state
                 .schedules
                 .iter()
-                .find(|s| s.schedule_id == schedule_id)?
+                .find(|s| s.schedule_id == schedule_id && !s.paused)?
                 .clone();
             let headers = to_header_map(&schedule.headers);
             match accept(
@@ -872,11 +880,27 @@ fn upsert_queue(state: &mut FakeState, body: &[u8]) -> Response {
     if parallelism == 0 {
         return error(StatusCode::BAD_REQUEST, "parallelism must be at least 1");
     }
+    // `paused` is optional: QStash's SDK always sends it (`UpsertQueueRequest.paused`, "whether
+    // to pause the queue or not", default false); a request without it leaves the state as is.
+    let paused = match request.get("paused") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(paused)) => Some(*paused),
+        Some(_) => return error(StatusCode::BAD_REQUEST, "paused must be a boolean"),
+    };
     ensure_queue(
         state,
         name,
         Some(u32::try_from(parallelism).unwrap_or(u32::MAX)),
     );
+    if let Some(paused) = paused {
+        let now = millis(state.now());
+        if let Some(queue) = state.queues.iter_mut().find(|q| q.name == name)
+            && queue.paused != paused
+        {
+            queue.paused = paused;
+            queue.updated_at = now;
+        }
+    }
     (StatusCode::OK, "").into_response()
 }
 
@@ -932,14 +956,76 @@ fn queue_item(state: &mut FakeState, method: &Method, rest: &str) -> Response {
     }
 }
 
+/// A schedule as QStash's API reference shows it (get-a-schedule, list-schedules):
+/// `scheduleId`, `cron`, `destination`, `createdAt` (ms), `method` and `isPaused` always; the
+/// message's `header` (its `Content-Type` and forwarded headers, `{name: [values]}`), `body`
+/// (or `bodyBase64`) and `retries`; `delay` (seconds) and `retryDelayExpression` when given.
 fn schedule_json(s: &FakeSchedule) -> Value {
-    json!({
-        "scheduleId": s.schedule_id,
-        "cron": s.cron,
-        "destination": s.destination,
-        "body": String::from_utf8_lossy(&s.body),
-        "isPaused": false,
-    })
+    let given = |name: &str| {
+        s.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("scheduleId".into(), json!(s.schedule_id));
+    out.insert("cron".into(), json!(s.cron));
+    out.insert("destination".into(), json!(s.destination));
+    out.insert("createdAt".into(), json!(millis(s.created_at)));
+    let method =
+        given("upstash-method").map_or_else(|| "POST".to_owned(), |m| m.to_ascii_uppercase());
+    out.insert("method".into(), json!(method));
+    out.insert("isPaused".into(), json!(s.paused));
+    let sent: Vec<(String, String)> = s
+        .headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let name = if name == "content-type" {
+                name.as_str()
+            } else {
+                name.strip_prefix("upstash-forward-")?
+            };
+            Some((name.to_owned(), value.clone()))
+        })
+        .collect();
+    out.insert("header".into(), header_json(&sent));
+    insert_body(&mut out, "body", "bodyBase64", &s.body);
+    let retries = given("upstash-retries")
+        .and_then(|r| r.parse::<u32>().ok())
+        .unwrap_or(DEFAULT_RETRIES);
+    out.insert("retries".into(), json!(retries));
+    if let Some(delay) = given("upstash-delay").and_then(|d| parse_duration(&d)) {
+        out.insert("delay".into(), json!(delay.as_secs()));
+    }
+    if let Some(expression) = given("upstash-retry-delay") {
+        out.insert("retryDelayExpression".into(), json!(expression));
+    }
+    Value::Object(out)
+}
+
+/// `POST|PATCH /v2/schedules/{id}/pause|resume` (`200`, no body): the API reference says
+/// `POST`, QStash's TypeScript SDK sends `PATCH`; pausing a paused schedule, or resuming an
+/// active one, changes nothing. `None` when `rest` is not such a path.
+fn schedule_action(state: &mut FakeState, method: &Method, rest: &str) -> Option<Response> {
+    if rest.starts_with("http://") || rest.starts_with("https://") {
+        return None;
+    }
+    let (id, action) = rest.split_once('/')?;
+    if !matches!(action, "pause" | "resume") {
+        return None;
+    }
+    if !matches!(*method, Method::POST | Method::PATCH) {
+        return Some(not_allowed());
+    }
+    Some(
+        match state.schedules.iter_mut().find(|s| s.schedule_id == id) {
+            Some(schedule) => {
+                schedule.paused = action == "pause";
+                (StatusCode::OK, "").into_response()
+            }
+            None => error(StatusCode::NOT_FOUND, "schedule not found"),
+        },
+    )
 }
 
 fn schedule_item(
@@ -949,6 +1035,9 @@ fn schedule_item(
     headers: &HeaderMap,
     body: Vec<u8>,
 ) -> Response {
+    if let Some(answer) = schedule_action(state, method, rest) {
+        return answer;
+    }
     match *method {
         Method::POST => {
             let Some(cron) = headers
@@ -986,15 +1075,23 @@ fn schedule_item(
                 })
                 .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
                 .collect();
-            let schedule = FakeSchedule {
+            let mut schedule = FakeSchedule {
                 schedule_id: id.clone(),
                 cron: cron.to_owned(),
                 destination: rest.to_owned(),
                 body,
                 headers: copied,
+                created_at: state.now(),
+                paused: false,
             };
+            // An upsert replaces what the request says; it keeps when the schedule was created
+            // and whether it is paused, which the request does not say.
             match state.schedules.iter_mut().find(|s| s.schedule_id == id) {
-                Some(existing) => *existing = schedule,
+                Some(existing) => {
+                    schedule.created_at = existing.created_at;
+                    schedule.paused = existing.paused;
+                    *existing = schedule;
+                }
                 None => state.schedules.push(schedule),
             }
             json_response(StatusCode::OK, &json!({ "scheduleId": id }))
@@ -1054,6 +1151,9 @@ fn dlq_entry(state: &FakeState, entry: &DlqEntry) -> Value {
         }
         if let Some(label) = published("upstash-label") {
             out.insert("label".into(), json!(label));
+        }
+        if let Some(expression) = spec.and_then(|s| s.retry_delay.clone()) {
+            out.insert("retryDelayExpression".into(), json!(expression));
         }
     }
     out.insert("responseStatus".into(), json!(entry.status));

@@ -11,8 +11,10 @@
 //!   `Authorization: Bearer <token>`, else `401`; errors are `{"error": "…"}`;
 //! - `POST /api/v3/topic/{topic}` sends the raw body with its `Content-Type` (default
 //!   `application/octet-stream`), `Vqs-Retention-Seconds` (60 to 604 800, default 86 400),
-//!   `Vqs-Delay-Seconds` (at most the retention) and `Vqs-Idempotency-Key`: `201`
-//!   `{"messageId"}` with a `Vqs-Message-Id` header. A send with the key, topic and payload of an
+//!   `Vqs-Delay-Seconds` (at most the retention) and `Vqs-Idempotency-Key` (at most 256
+//!   characters, else `400`, which the emulator does not check): `201`
+//!   `{"messageId"}` with a `Vqs-Message-Id` header. A send with the key, topic, deployment and
+//!   payload of an
 //!   earlier one within `min(retention, 24 h)` gets a new id but is never delivered (as the
 //!   emulator; receiving it by id is `409` with `originalMessageId`);
 //! - `POST …/{topic}/batch`: `multipart/mixed` with 1 to 100 parts, each with its own
@@ -36,9 +38,12 @@
 //!
 //! Receipt handles look like the emulator's, `rh_<n>:<message id>:<group> /lease`: a client
 //! that does not percent-encode them fails. A `Vqs-Deployment-Id` must match the name pattern
-//! (else `400`) but partitions nothing: every message is in one partition. The
-//! `application/x-ndjson` receive format is not served, and there is no background push
-//! dispatcher: a test pushes with [`FakeVercelQueues::push_next`]. Times are real
+//! (else `400`) and partitions as in the emulator: a send with it belongs to that deployment,
+//! one without to none; a consumer with it receives (by id too) and settles only that
+//! deployment's messages (another's are `404`), one without receives them all; idempotency
+//! keys are per deployment. The `application/x-ndjson` receive format is not served, and there
+//! is no background push dispatcher: a test pushes with [`FakeVercelQueues::push_next`]
+//! (unpinned). Times are real
 //! (`SystemTime`); the texts of the error messages are the fake's own.
 
 use std::collections::HashMap;
@@ -63,6 +68,8 @@ const DEFAULT_RETENTION_SECS: u64 = 86_400;
 const MIN_RETENTION_SECS: u64 = 60;
 /// The longest retention accepted: 7 days.
 const MAX_RETENTION_SECS: u64 = 604_800;
+/// The longest idempotency key, in characters.
+const MAX_IDEMPOTENCY_KEY_CHARS: usize = 256;
 /// The longest idempotency window: 24 hours (shorter if the retention is).
 const MAX_DEDUP_WINDOW_SECS: u64 = 86_400;
 /// Lease of a pull receive without `Vqs-Visibility-Timeout-Seconds`.
@@ -155,8 +162,9 @@ struct FakeState {
     by_id: HashMap<String, usize>,
     /// Every receipt handle ever issued: the message index and the group.
     receipts: HashMap<String, (usize, String)>,
-    /// (topic, idempotency key, payload) → the first message id and when its window ends.
-    idempotency: HashMap<(String, String, Vec<u8>), (String, SystemTime)>,
+    /// (topic, deployment, idempotency key, payload) → the first message id and when its
+    /// window ends.
+    idempotency: HashMap<IdempotencyKey, (String, SystemTime)>,
     sent: Vec<SentMessage>,
     requests: Vec<RecordedRequest>,
     acked: Vec<String>,
@@ -168,6 +176,9 @@ struct FakeState {
     batch_failures: Vec<(usize, u16)>,
     batch_deferrals: Vec<usize>,
 }
+
+/// What makes two sends duplicates: topic, deployment, idempotency key and payload.
+type IdempotencyKey = (String, Option<String>, String, Vec<u8>);
 
 #[derive(Debug)]
 struct Fault {
@@ -186,6 +197,8 @@ struct Message {
     available_at: SystemTime,
     expires_at: SystemTime,
     duplicate_of: Option<String>,
+    /// The `Vqs-Deployment-Id` it was sent with; `None` for a deploymentless message.
+    deployment: Option<String>,
     groups: HashMap<String, GroupState>,
 }
 
@@ -379,7 +392,7 @@ impl FakeVercelQueues {
         let (headers, body) = {
             let now = SystemTime::now();
             let mut state = self.shared.state();
-            let index = state.visible(topic, group, now).into_iter().next()?;
+            let index = state.visible(topic, group, None, now).into_iter().next()?;
             let id = state.messages[index].id.clone();
             let mut headers = vec![
                 ("ce-type", "com.vercel.queue.v2beta".to_owned()),
@@ -427,14 +440,38 @@ impl FakeVercelQueues {
     }
 }
 
+impl Message {
+    /// Whether a consumer of `deployment` may see this message: one without a deployment sees
+    /// every message, one of a deployment only the messages sent by it (as Vercel's emulator).
+    fn sees(&self, deployment: Option<&str>) -> bool {
+        deployment.is_none_or(|d| self.deployment.as_deref() == Some(d))
+    }
+}
+
 impl FakeState {
-    /// Indices of the messages of `topic` that `group` may receive now, oldest first.
-    fn visible(&self, topic: &str, group: &str, now: SystemTime) -> Vec<usize> {
+    /// Whether `handle` leases a message that a consumer of `deployment` may not see.
+    fn receipt_of_other_deployment(&self, handle: &str, deployment: Option<&str>) -> bool {
+        self.receipts
+            .get(handle)
+            .is_some_and(|(index, _)| !self.messages[*index].sees(deployment))
+    }
+
+    /// Indices of the messages of `topic` that `group` may receive now, oldest first; a
+    /// consumer of `deployment` sees only the messages sent by that deployment, one without a
+    /// deployment sees them all.
+    fn visible(
+        &self,
+        topic: &str,
+        group: &str,
+        deployment: Option<&str>,
+        now: SystemTime,
+    ) -> Vec<usize> {
         self.messages
             .iter()
             .enumerate()
             .filter(|(_, message)| {
                 message.topic == topic
+                    && message.sees(deployment)
                     && message.duplicate_of.is_none()
                     && message.available_at <= now
                     && message.expires_at > now
@@ -463,12 +500,14 @@ impl FakeState {
         receipt_handle
     }
 
-    /// Stores a validated send (a duplicate is stored but never delivered); its message id.
+    /// Stores a validated send from `deployment` (a duplicate is stored but never delivered);
+    /// its message id.
     fn store(
         &mut self,
         topic: &str,
         body: &[u8],
         request: &SendRequest,
+        deployment: Option<String>,
         now: SystemTime,
     ) -> String {
         self.last_id += 1;
@@ -476,7 +515,12 @@ impl FakeState {
         let retention = request.retention_seconds.unwrap_or(DEFAULT_RETENTION_SECS);
         let mut duplicate_of = None;
         if let Some(key) = &request.idempotency_key {
-            let dedup = (topic.to_owned(), key.clone(), body.to_vec());
+            let dedup = (
+                topic.to_owned(),
+                deployment.clone(),
+                key.clone(),
+                body.to_vec(),
+            );
             match self.idempotency.get(&dedup) {
                 Some((original, until)) if *until > now => duplicate_of = Some(original.clone()),
                 _ => {
@@ -498,6 +542,7 @@ impl FakeState {
             available_at: now + Duration::from_secs(request.delay_seconds.unwrap_or(0)),
             expires_at: now + Duration::from_secs(retention),
             duplicate_of,
+            deployment,
             groups: HashMap::new(),
         });
         id
@@ -669,7 +714,15 @@ fn answer(
             receive_by_id(state, topic, group, id, headers, now)
         }
         (Route::Lease(topic, group, handle), m) if m == Method::DELETE || m == Method::PATCH => {
-            lease_op(state, topic, group, handle, &m, body, now)
+            if state.receipt_of_other_deployment(handle, deployment(headers).as_deref()) {
+                // As the emulator: another deployment's lease is not found at all.
+                Err(Refusal(
+                    StatusCode::NOT_FOUND,
+                    "Message not found".to_owned(),
+                ))
+            } else {
+                lease_op(state, topic, group, handle, &m, body, now)
+            }
         }
         _ => Err(Refusal(StatusCode::NOT_FOUND, "Not found".to_owned())),
     };
@@ -685,7 +738,7 @@ fn send(
     now: SystemTime,
 ) -> Result<Response, Refusal> {
     let request = send_request(|name| text_header(headers, name))?;
-    let id = state.store(topic, body, &request, now);
+    let id = state.store(topic, body, &request, deployment(headers), now);
     if state.defer_sends > 0 {
         state.defer_sends -= 1;
         state.record_sent(topic, None, body, request);
@@ -717,9 +770,20 @@ fn send_request(header: impl Fn(&str) -> Option<String>) -> Result<SendRequest, 
             "Vqs-Delay-Seconds cannot exceed retention time".to_owned(),
         ));
     }
+    let idempotency_key = header("vqs-idempotency-key").filter(|key| !key.is_empty());
+    // "Must be at most 256 characters. Longer keys are rejected with a 400" (the SDK's
+    // `SendOptions.idempotencyKey`); Vercel's emulator does not check it.
+    if idempotency_key
+        .as_ref()
+        .is_some_and(|key| key.chars().count() > MAX_IDEMPOTENCY_KEY_CHARS)
+    {
+        return Err(bad_request(format!(
+            "Vqs-Idempotency-Key must be at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"
+        )));
+    }
     Ok(SendRequest {
         content_type: header("content-type"),
-        idempotency_key: header("vqs-idempotency-key").filter(|key| !key.is_empty()),
+        idempotency_key,
         delay_seconds,
         retention_seconds,
     })
@@ -777,7 +841,7 @@ fn send_batch(
                 continue;
             }
         };
-        let id = state.store(topic, &part.body, &request, now);
+        let id = state.store(topic, &part.body, &request, deployment(headers), now);
         if deferrals.contains(&index) {
             state.record_sent(topic, None, &part.body, request);
             results.push(json!({ "status": "deferred", "messageId": null }));
@@ -809,7 +873,7 @@ fn receive(
         )));
     }
     let seconds = visibility_header(&header)?;
-    let visible = state.visible(topic, group, now);
+    let visible = state.visible(topic, group, deployment(headers).as_deref(), now);
     if visible.is_empty() {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
@@ -836,7 +900,10 @@ fn receive_by_id(
     let not_found = || Refusal(StatusCode::NOT_FOUND, "Message not found".to_owned());
     let index = *state.by_id.get(id).ok_or_else(not_found)?;
     let message = &state.messages[index];
-    if message.topic != topic || message.expires_at <= now {
+    if message.topic != topic
+        || message.expires_at <= now
+        || !message.sees(deployment(headers).as_deref())
+    {
         return Err(not_found());
     }
     if let Some(original) = &message.duplicate_of {
@@ -1147,6 +1214,11 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| credentials.trim().to_owned())
+}
+
+/// The request's `Vqs-Deployment-Id`, if any (its shape was checked by [`answer`]).
+fn deployment(headers: &HeaderMap) -> Option<String> {
+    text_header(headers, "vqs-deployment-id")
 }
 
 fn text_header(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -1493,9 +1565,19 @@ mod tests {
             .call("POST", "/api/v3/topic/jobs/consumer/g", &[], b"")
             .await;
         assert_eq!(no_accept.status, 400);
+        let long_key = "k".repeat(257);
+        let long = client
+            .send("jobs", &[("Vqs-Idempotency-Key", long_key.as_str())], b"x")
+            .await;
+        assert_eq!(long.status, 400);
+        let longest = "k".repeat(256);
+        let at_limit = client
+            .send("jobs", &[("Vqs-Idempotency-Key", longest.as_str())], b"x")
+            .await;
+        assert_eq!(at_limit.status, 201);
         let too_many = client.receive("jobs", "g", 11).await;
         assert_eq!(too_many.status, 400);
-        assert_eq!(fake.sent().len(), 1, "only the valid send is recorded");
+        assert_eq!(fake.sent().len(), 2, "only the valid sends are recorded");
         assert_eq!(client.receive("jobs", "g", 10).await.status, 200);
 
         // A delayed message is not visible yet.
@@ -1556,6 +1638,76 @@ mod tests {
         // The duplicate is never delivered.
         assert_eq!(client.receive("jobs", "g", 10).await.status, 204);
         assert_eq!(fake.sent().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn deployments_partition_messages_as_the_emulator() {
+        let fake = FakeVercelQueues::start().await;
+        let client = Client { fake: &fake };
+        let pinned = |deployment: &'static str| {
+            [
+                ("Vqs-Deployment-Id", deployment),
+                ("Vqs-Idempotency-Key", "k"),
+            ]
+        };
+        let id = |answer: Answer| answer.json()["messageId"].as_str().unwrap().to_owned();
+        let from_a = id(client.send("jobs", &pinned("dpl_a"), b"same").await);
+        let from_b = id(client.send("jobs", &pinned("dpl_b"), b"same").await);
+        let client = &client;
+        let receive_as = |deployment: &'static str| async move {
+            let headers = [
+                ("Accept", "multipart/mixed"),
+                ("Vqs-Max-Messages", "10"),
+                ("Vqs-Deployment-Id", deployment),
+            ];
+            client
+                .call("POST", "/api/v3/topic/jobs/consumer/g", &headers, b"")
+                .await
+        };
+
+        // Each deployment sees its own message: the same key is no duplicate across them.
+        let as_b = receive_as("dpl_b").await;
+        assert_eq!(as_b.status, 200);
+        let parts = as_b.parts();
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].header("vqs-message-id"), Some(from_b.clone()));
+        let handle_b = parts[0].header("vqs-receipt-handle").unwrap();
+        // Deployment A can neither receive B's message by id nor settle B's lease.
+        let by_id = client
+            .call(
+                "POST",
+                &format!("{PREFIX}jobs/consumer/g/id/{from_b}"),
+                &[
+                    ("Accept", "multipart/mixed"),
+                    ("Vqs-Deployment-Id", "dpl_a"),
+                ],
+                b"",
+            )
+            .await;
+        assert_eq!(by_id.status, 404);
+        let path = format!("{PREFIX}jobs/consumer/g/lease/{}", encode(&handle_b));
+        let settle = client
+            .call("DELETE", &path, &[("Vqs-Deployment-Id", "dpl_a")], b"")
+            .await;
+        assert_eq!(settle.status, 404);
+        let settle = client
+            .call("DELETE", &path, &[("Vqs-Deployment-Id", "dpl_b")], b"")
+            .await;
+        assert_eq!(settle.status, 204);
+
+        let as_a = receive_as("dpl_a").await.parts();
+        assert_eq!(as_a.len(), 1);
+        assert_eq!(as_a[0].header("vqs-message-id"), Some(from_a.clone()));
+
+        // A deploymentless message is received only without a deployment, which sees them all.
+        let unpinned = id(client.send("jobs", &[], b"any").await);
+        assert_eq!(receive_as("dpl_a").await.status, 204);
+        let all = client.receive("jobs", "h", 10).await.parts();
+        let ids: Vec<_> = all
+            .iter()
+            .filter_map(|p| p.header("vqs-message-id"))
+            .collect();
+        assert_eq!(ids, [from_a, from_b, unpinned]);
     }
 
     #[tokio::test]
