@@ -289,14 +289,14 @@ struct Failure {
 }
 
 fn summary(rows: &[Row], failure: Option<&Failure>) -> String {
-    let mut out = String::from("\nstep      result   seconds\n");
+    let mut out = String::from("\nstep        result   seconds\n");
     for row in rows {
         let (result, seconds) = match row.outcome {
             Outcome::Ok => ("ok", format!("{:.1}", row.took.as_secs_f64())),
             Outcome::Failed => ("FAILED", format!("{:.1}", row.took.as_secs_f64())),
             Outcome::Skipped => ("skipped", "-".to_owned()),
         };
-        out += &format!("{:<9} {result:<8} {seconds:>7}\n", row.step);
+        out += &format!("{:<11} {result:<8} {seconds:>7}\n", row.step);
     }
     let total: Duration = rows.iter().map(|row| row.took).sum();
     out += &match failure {
@@ -527,10 +527,10 @@ mod tests {
         };
         assert_eq!(
             summary(&rows, Some(&failure)),
-            "\nstep      result   seconds\n\
-             fmt       ok           1.5\n\
-             clippy    FAILED      12.0\n\
-             doc       skipped        -\n\
+            "\nstep        result   seconds\n\
+             fmt         ok           1.5\n\
+             clippy      FAILED      12.0\n\
+             doc         skipped        -\n\
              \nCI FAILED at step `clippy`. Re-run it with: cargo clippy\n"
         );
         assert!(summary(&rows[..1], None).ends_with("\nCI passed in 1.5 s.\n"));

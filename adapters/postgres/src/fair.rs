@@ -168,16 +168,15 @@ impl PgQueue {
             .map_err(fail("give the queue's jobs their lanes"))?
             .rows_affected();
             tx.commit().await.map_err(fail("commit"))?;
-            match listed {
-                Some(before) => tracing::warn!(
+            if let Some(before) = listed {
+                tracing::warn!(
                     %queue,
                     before = ?before,
                     now = ?limit,
                     "the per-tenant limit of this fair queue changed"
-                ),
-                None => {
-                    tracing::info!(%queue, %fairness, jobs = moved, "queue fetched fairly from now on")
-                }
+                );
+            } else {
+                tracing::info!(%queue, %fairness, jobs = moved, "queue fetched fairly from now on");
             }
         }
         let mut queues = self.lanes().lock();
