@@ -101,3 +101,38 @@ async fn marketing_waits_while_transactional_is_deep_and_nothing_is_lost() {
         "marketing resumed once transactional drained"
     );
 }
+
+/// The gate passes a fairness request on to the marketing queue's transport, so a fair
+/// marketing worker behind it serves tenants in turn: one tenant's blast does not hold back
+/// another's newsletter.
+#[tokio::test]
+async fn the_gate_forwards_fairness_to_the_transport() {
+    let queue = MemoryQueue::new(Arc::new(ManualClock::default()));
+    let transactional = jobs_notifications::transactional("email").expect("valid");
+    let marketing = jobs_notifications::marketing("email").expect("valid");
+    let layered = TransactionalFirst::new(
+        Arc::new(queue.clone()),
+        Arc::new(queue.clone()),
+        transactional,
+        PriorityGate::new(100, 10).expect("hysteresis"),
+    );
+    layered
+        .share_by_tenant(&marketing, jobs_core::TenantFairness::round_robin())
+        .expect("the memory queue shares its queues out");
+    for (tenant, n) in [(1, 0), (1, 1), (1, 2), (1, 3), (2, 4)] {
+        let envelope =
+            fixtures::envelope_with(tenant, "notif.email", serde_json::json!({ "n": n }));
+        queue
+            .publish(&marketing, &envelope, PublishOptions::default())
+            .await
+            .expect("publish");
+    }
+    let first_two: HashSet<_> = layered
+        .receive(&marketing, 2, LEASE)
+        .await
+        .expect("receive")
+        .iter()
+        .map(|d| Envelope::decode(&d.payload).expect("valid").tenant_id)
+        .collect();
+    assert_eq!(first_two.len(), 2, "the second tenant is served in turn");
+}

@@ -54,7 +54,9 @@ use serde::Deserialize;
 use serde_json::json;
 use std::sync::atomic::AtomicU64;
 
-const QUEUE: &str = "model.jobs";
+/// The queue the model publishes to and its worker consumes, for a setup that configures it
+/// (makes it fair, say).
+pub const QUEUE: &str = "model.jobs";
 const KIND: &str = "model.job";
 const MAX_ATTEMPTS: u32 = 5;
 

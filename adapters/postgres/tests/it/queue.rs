@@ -726,6 +726,38 @@ fn the_grouped_runtime_keeps_every_invariant_on_the_pg_queue() {
     runtime.block_on(dbs.drop_all());
 }
 
+/// The grouped invariants with the model's queue fetched fairly (`core.lease_fair`): the
+/// dedup, fencing and exactly-once promises do not depend on how a batch is chosen.
+#[test]
+fn the_grouped_runtime_keeps_every_invariant_on_a_fair_pg_queue() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (dbs, options) = model_database(&runtime);
+    let setup = || {
+        let case = model_case(options.clone(), true);
+        async move {
+            let (backend, transport, queue) = case.await;
+            queue
+                .make_fair(&name(model::QUEUE), TenantFairness::round_robin())
+                .await
+                .expect("the model's queue made fair");
+            (backend, transport, queue)
+        }
+    };
+    let stats = model::check_grouped_invariants(model::cases(8), setup);
+    let (groups, released, undone, crashed) = stats.counts();
+    println!(
+        "fair grouped model: {groups} groups, {released} released, {undone} undone, {crashed} crashed"
+    );
+    assert!(
+        groups > 0 && released > 0 && undone > 0,
+        "the fair grouped model exercised too little: {stats:?}"
+    );
+    runtime.block_on(dbs.drop_all());
+}
+
 /// The grouped invariants again with the model's handler declared `RERUNNABLE`: groups take
 /// no checkpoints, and a failure rolls its group back and makes a second pass.
 #[test]
