@@ -129,8 +129,8 @@ impl DeadLetters {
         Ok(outcome)
     }
 
-    /// The ids of every letter matching `filter` now, in id order, read page by page
-    /// (`filter.limit` a page, starting after `filter.after`).
+    /// The ids of every letter matching `filter` now, in its order, read page by page
+    /// (`filter.limit` a page, from its cursors on).
     ///
     /// A bulk action works through such a snapshot rather than re-querying by status: a
     /// letter it has marked `replayed` but not yet published no longer matches
@@ -146,6 +146,10 @@ impl DeadLetters {
             let letters = self.store.list(&page).await?;
             ids.extend(letters.iter().map(|l| l.id));
             match letters.last() {
+                // The next page is past the last letter, in whichever order they come.
+                Some(last) if letters.len() == page.limit as usize && page.newest_first => {
+                    page.before = Some(last.id);
+                }
                 Some(last) if letters.len() == page.limit as usize => page.after = Some(last.id),
                 _ => return Ok(ids),
             }
@@ -216,6 +220,17 @@ mod tests {
             ops.matching(&filter).await.expect("lists"),
             expected,
             "every page, in id order, only the filter's queue"
+        );
+        let newest = DeadLetterFilter {
+            newest_first: true,
+            ..filter.clone()
+        };
+        let mut reversed = expected.clone();
+        reversed.reverse();
+        assert_eq!(
+            ops.matching(&newest).await.expect("lists"),
+            reversed,
+            "every page newest first, each page past the last"
         );
         let after = DeadLetterFilter {
             after: Some(expected[1]),

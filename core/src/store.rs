@@ -272,8 +272,10 @@ impl Recorded {
     }
 }
 
-/// Which dead letters to list: all given criteria must hold. Results come in id order, after
-/// the `after` cursor, at most `limit` of them.
+/// Which dead letters to list: all given criteria must hold. Results come in id order, or
+/// newest first (descending id) with `newest_first`. The cursors `after` and `before` bound the
+/// ids exclusively and may be combined; `limit` applies after ordering, so the next page starts
+/// `after` the last id seen in id order and `before` it newest first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterFilter {
     /// Only this status.
@@ -286,6 +288,14 @@ pub struct DeadLetterFilter {
     pub kind: Option<Kind>,
     /// Only ids greater than this (keyset pagination).
     pub after: Option<DeadLetterId>,
+    /// Only ids less than this (keyset pagination, newest first).
+    pub before: Option<DeadLetterId>,
+    /// Newest first (descending id) instead of id order.
+    pub newest_first: bool,
+    /// Only the letters of this job.
+    pub job_id: Option<JobId>,
+    /// Only the letters of this correlation id.
+    pub correlation_id: Option<CorrelationId>,
     /// At most this many.
     pub limit: u32,
 }
@@ -299,6 +309,10 @@ impl Default for DeadLetterFilter {
             tenant_id: None,
             kind: None,
             after: None,
+            before: None,
+            newest_first: false,
+            job_id: None,
+            correlation_id: None,
             limit: 100,
         }
     }
@@ -361,7 +375,7 @@ pub trait DeadLetterStore: Send + Sync {
     /// One dead letter.
     async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError>;
 
-    /// Dead letters matching `filter`, in id order.
+    /// Dead letters matching `filter`, in the order it asks for: id order or newest first.
     async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError>;
 
     /// Whether a pending dead letter with this queue and dedup key exists.

@@ -119,8 +119,8 @@ pub(crate) async fn run(
             queue: selection.queue.clone(),
             tenant_id: tenant,
             kind: selection.kind.clone(),
-            after: None,
             limit: 500,
+            ..DeadLetterFilter::default()
         };
         let described = describe(&filter);
         let store_url = config.get(&compose::DATABASE_URL).unwrap_or_default();

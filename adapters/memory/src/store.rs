@@ -288,7 +288,14 @@ fn matches(letter: &DeadLetter, filter: &DeadLetterFilter) -> bool {
             .kind
             .as_ref()
             .is_none_or(|k| letter.letter.kind.as_ref() == Some(k))
+        && filter
+            .job_id
+            .is_none_or(|j| letter.letter.job_id == Some(j))
+        && filter
+            .correlation_id
+            .is_none_or(|c| letter.letter.correlation_id == Some(c))
         && filter.after.is_none_or(|after| letter.id > after)
+        && filter.before.is_none_or(|before| letter.id < before)
 }
 
 fn pending_with(state: &State, queue: &QueueName, key: &str) -> Option<DeadLetterId> {
@@ -313,15 +320,16 @@ impl DeadLetterStore for MemoryStore {
         Ok(self.lock().dead_letters.get(&id).cloned())
     }
 
+    /// The map is keyed by id, so newest first is the same walk reversed.
     async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError> {
-        Ok(self
-            .lock()
-            .dead_letters
-            .values()
-            .filter(|d| matches(d, filter))
-            .take(usize::try_from(filter.limit).unwrap_or(usize::MAX))
-            .cloned()
-            .collect())
+        let state = self.lock();
+        let selected = state.dead_letters.values().filter(|d| matches(d, filter));
+        let limit = usize::try_from(filter.limit).unwrap_or(usize::MAX);
+        Ok(if filter.newest_first {
+            selected.rev().take(limit).cloned().collect()
+        } else {
+            selected.take(limit).cloned().collect()
+        })
     }
 
     async fn pending(

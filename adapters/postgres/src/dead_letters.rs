@@ -196,11 +196,26 @@ impl DeadLetterStore for PgStore {
                 .push(" and kind = ")
                 .push_bind(kind.as_str().to_owned());
         }
+        if let Some(job) = filter.job_id {
+            query.push(" and job_id = ").push_bind(job.as_uuid());
+        }
+        if let Some(correlation) = filter.correlation_id {
+            query
+                .push(" and correlation_id = ")
+                .push_bind(correlation.as_uuid());
+        }
         if let Some(after) = filter.after {
             query.push(" and id > ").push_bind(after.0);
         }
+        if let Some(before) = filter.before {
+            query.push(" and id < ").push_bind(before.0);
+        }
         query
-            .push(" order by id limit ")
+            .push(if filter.newest_first {
+                " order by id desc limit "
+            } else {
+                " order by id limit "
+            })
             .push_bind(i64::from(filter.limit));
         query
             .build()

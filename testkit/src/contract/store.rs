@@ -41,6 +41,7 @@ where
     deduplicates_pending_dead_letters(make().await).await;
     lists_dead_letters_by_filter_in_id_order(make().await).await;
     paginates_dead_letters_with_a_cursor(make().await).await;
+    lists_dead_letters_newest_first_and_finds_them_by_id(make().await).await;
     transitions_dead_letters_once(make().await).await;
     transitions_only_the_tenants_dead_letters(make().await).await;
     purges_processed_jobs_in_bounded_batches(make().await).await;
@@ -580,7 +581,12 @@ fn selects(filter: &DeadLetterFilter, d: &DeadLetter) -> bool {
             .kind
             .as_ref()
             .is_none_or(|k| d.letter.kind.as_ref() == Some(k))
+        && filter.job_id.is_none_or(|j| d.letter.job_id == Some(j))
+        && filter
+            .correlation_id
+            .is_none_or(|c| d.letter.correlation_id == Some(c))
         && filter.after.is_none_or(|after| d.id > after)
+        && filter.before.is_none_or(|before| d.id < before)
 }
 
 /// `list` applies every given criterion (status, queue, tenant, kind, alone or together) and
@@ -699,6 +705,191 @@ pub async fn paginates_dead_letters_with_a_cursor<S: DeadLetterStore>(store: S) 
         list(check, &store, &none).await.is_empty(),
         "{check}: a limit of 0 must return nothing"
     );
+}
+
+/// Newest first is id order reversed, with every filter and with `limit` taken after ordering;
+/// pages `before` the last id seen return every letter exactly once; `after` and `before`
+/// together bound a window in either order. `job_id` and `correlation_id` find exactly their
+/// letters (a job dead-lettered twice, a correlation spanning tenants), also with a tenant.
+pub async fn lists_dead_letters_newest_first_and_finds_them_by_id<S: DeadLetterStore>(store: S) {
+    let check = "lists_dead_letters_newest_first_and_finds_them_by_id";
+    let mut seeded = seed_listing(check, &store).await;
+    // The job of letter 2 dead-lettered again, for another tenant; a letter of tenant 1 in the
+    // correlation of letter 1 (tenant 2); a letter with neither id, which no search may find.
+    let job = seeded[2]
+        .letter
+        .job_id
+        .expect("seeded letters have a job id");
+    let correlation = seeded[1]
+        .letter
+        .correlation_id
+        .expect("seeded letters have a correlation id");
+    let q = queue("list_a");
+    let mut again = letter(&q, 7, None);
+    again.job_id = Some(job);
+    again.tenant_id = Some(fixtures::tenant(2));
+    let mut related = letter(&q, 8, None);
+    related.correlation_id = Some(correlation);
+    let mut anonymous = letter(&q, 9, None);
+    anonymous.job_id = None;
+    anonymous.correlation_id = None;
+    for sent in [again, related, anonymous] {
+        let id = new_id(check, record(check, &store, sent.clone()).await);
+        seeded.push(DeadLetter {
+            id,
+            updated_at: sent.at,
+            letter: sent,
+            status: DeadLetterStatus::PendingReview,
+        });
+    }
+    let ids: Vec<DeadLetterId> = seeded.iter().map(|d| d.id).collect();
+    let newest: Vec<DeadLetterId> = ids.iter().rev().copied().collect();
+
+    let newest_first = DeadLetterFilter {
+        newest_first: true,
+        ..DeadLetterFilter::default()
+    };
+    assert_eq!(
+        list(check, &store, &newest_first).await,
+        newest,
+        "{check}: newest first must be id order reversed"
+    );
+    let top = DeadLetterFilter {
+        limit: 3,
+        ..newest_first.clone()
+    };
+    assert_eq!(
+        list(check, &store, &top).await,
+        newest[..3],
+        "{check}: the limit must apply after ordering (the newest 3)"
+    );
+    for (status, tenant) in [
+        (Some(DeadLetterStatus::PendingReview), None),
+        (Some(DeadLetterStatus::Replayed), None),
+        (None, Some(fixtures::tenant(1))),
+        (
+            Some(DeadLetterStatus::PendingReview),
+            Some(fixtures::tenant(2)),
+        ),
+    ] {
+        let filter = DeadLetterFilter {
+            status,
+            tenant_id: tenant,
+            ..newest_first.clone()
+        };
+        let expected: Vec<DeadLetterId> = seeded
+            .iter()
+            .rev()
+            .filter(|d| selects(&filter, d))
+            .map(|d| d.id)
+            .collect();
+        assert!(expected.len() >= 2, "{check}: {filter:?} shows no order");
+        assert_eq!(
+            list(check, &store, &filter).await,
+            expected,
+            "{check}: wrong letters or order for {filter:?}"
+        );
+    }
+
+    let mut page_filter = top.clone();
+    let mut pages = vec![];
+    loop {
+        let page = list(check, &store, &page_filter).await;
+        assert!(
+            pages.len() <= seeded.len(),
+            "{check}: pagination does not end"
+        );
+        let Some(last) = page.last().copied() else {
+            break;
+        };
+        pages.push(page);
+        page_filter.before = Some(last);
+    }
+    assert_eq!(
+        pages.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![3, 3, 3, 1],
+        "{check}: page sizes"
+    );
+    assert_eq!(
+        pages.concat(),
+        newest,
+        "{check}: pages before the last id must return every letter exactly once, newest first"
+    );
+
+    let window = DeadLetterFilter {
+        after: Some(ids[1]),
+        before: Some(ids[5]),
+        ..DeadLetterFilter::default()
+    };
+    assert_eq!(
+        list(check, &store, &window).await,
+        ids[2..5],
+        "{check}: after and before together bound the ids, exclusively"
+    );
+    let window_newest = DeadLetterFilter {
+        newest_first: true,
+        limit: 2,
+        ..window.clone()
+    };
+    assert_eq!(
+        list(check, &store, &window_newest).await,
+        vec![ids[4], ids[3]],
+        "{check}: a window newest first, limited after ordering"
+    );
+    let empty = DeadLetterFilter {
+        after: Some(ids[4]),
+        before: Some(ids[5]),
+        ..DeadLetterFilter::default()
+    };
+    assert!(
+        list(check, &store, &empty).await.is_empty(),
+        "{check}: no id lies strictly between neighbours"
+    );
+
+    let (t1, t2) = (Some(fixtures::tenant(1)), Some(fixtures::tenant(2)));
+    let unknown_job = Some(JobId::generate());
+    let unknown_correlation = Some(fixtures::correlation());
+    let searches = [
+        (Some(job), None, None, vec![ids[2], ids[7]]),
+        (Some(job), None, t1, vec![ids[2]]),
+        (Some(job), None, t2, vec![ids[7]]),
+        (Some(job), None, Some(fixtures::tenant(3)), vec![]),
+        (None, Some(correlation), None, vec![ids[1], ids[8]]),
+        (None, Some(correlation), t1, vec![ids[8]]),
+        (None, Some(correlation), t2, vec![ids[1]]),
+        (
+            Some(job),
+            seeded[2].letter.correlation_id,
+            None,
+            vec![ids[2]],
+        ),
+        (Some(job), Some(correlation), None, vec![]),
+        (unknown_job, None, None, vec![]),
+        (None, unknown_correlation, None, vec![]),
+    ];
+    for (job_id, correlation_id, tenant_id, expected) in searches {
+        let filter = DeadLetterFilter {
+            job_id,
+            correlation_id,
+            tenant_id,
+            ..DeadLetterFilter::default()
+        };
+        assert_eq!(
+            list(check, &store, &filter).await,
+            expected,
+            "{check}: wrong letters for {filter:?}"
+        );
+        let reversed: Vec<DeadLetterId> = expected.iter().rev().copied().collect();
+        let filter = DeadLetterFilter {
+            newest_first: true,
+            ..filter
+        };
+        assert_eq!(
+            list(check, &store, &filter).await,
+            reversed,
+            "{check}: wrong letters for {filter:?}"
+        );
+    }
 }
 
 /// A letter leaves `PendingReview` once: repeating the command is `AlreadyDone`, the other final
