@@ -411,6 +411,17 @@ pub const FAIR: Key = Key {
             (at most LIMIT jobs of one tenant in flight)",
 };
 
+/// The operations console's sign-in tokens.
+pub const CONSOLE_TOKENS: Key = Key {
+    name: "console_tokens",
+    flag: None,
+    env: "JOBS_CONSOLE_TOKENS",
+    default: None,
+    secret: true,
+    about: "the console's sign-in tokens, comma-separated, each SECRET (every tenant) or \
+            SECRET@TENANT_ID (that tenant only); secrets of 16 characters or more",
+};
+
 /// Every configuration key, in the order `jobsctl config` prints them.
 pub const KEYS: &[Key] = &[
     DATABASE_URL,
@@ -441,6 +452,7 @@ pub const KEYS: &[Key] = &[
     CRON,
     OUTBOX_RELAY,
     FAIR,
+    CONSOLE_TOKENS,
     VERCEL_QUEUES_PUSH,
     VERCEL_QUEUES_TRUST_PUSHED,
 ];

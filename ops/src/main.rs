@@ -169,6 +169,25 @@ enum Command {
     /// QStash operations.
     #[command(subcommand)]
     Qstash(QstashCommand),
+    /// Serve the operations console: dead letters reviewed, replayed and discarded, and the
+    /// queues' depth, in a browser.
+    ///
+    /// Operators sign in with a token of JOBS_CONSOLE_TOKENS (`console_tokens` in jobs.toml);
+    /// a token written SECRET@TENANT_ID sees that tenant's letters only. --no-auth serves
+    /// without sign-in, and only on a loopback address. Runs until SIGTERM or Ctrl-C.
+    ///
+    /// Examples:
+    ///   JOBS_CONSOLE_TOKENS=a-long-operator-secret jobsctl console --listen 127.0.0.1:8080
+    ///   jobsctl console --listen 127.0.0.1:8080 --no-auth
+    #[command(verbatim_doc_comment)]
+    Console {
+        /// Where to listen.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// No sign-in: every visitor is an operator (loopback addresses only).
+        #[arg(long)]
+        no_auth: bool,
+    },
     /// Show the configuration in effect and where each value came from (secrets hidden).
     ///
     /// Examples:
@@ -476,6 +495,7 @@ async fn run(command: Command, config: Config) -> Result<()> {
             dead_letters::queues(&queue, &names, json, out).await
         }
         Command::DeadLetters(command) => dead_letter_command(command, &config, out).await,
+        Command::Console { listen, no_auth } => console(&config, listen, no_auth).await,
         Command::Cron(CronCommand::List { json }) => cron::list(json, out),
         Command::Cron(CronCommand::Tick { at, dry_run }) => {
             let store = Store::connect(&config).await?;
@@ -520,6 +540,57 @@ async fn run(command: Command, config: Config) -> Result<()> {
             dead_letters::cleanup(&store, older_than, json, out).await
         }
     }
+}
+
+/// `jobsctl console`: the console over the configured store and queue, until a stop signal.
+async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -> Result<()> {
+    use jobs_ops::console::{Console, ConsoleToken};
+    let tokens: Vec<ConsoleToken> = config
+        .get(&compose::CONSOLE_TOKENS)
+        .map(|list| {
+            list.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::parse)
+                .collect::<Result<_, String>>()
+        })
+        .transpose()
+        .map_err(|e| Usage(format!("{}: {e}", compose::CONSOLE_TOKENS.describe())))?
+        .unwrap_or_default();
+    if no_auth && !listen.ip().is_loopback() {
+        return Err(Usage(format!(
+            "--no-auth serves without sign-in, so only on a loopback address, not {listen}"
+        ))
+        .into());
+    }
+    if !no_auth && tokens.is_empty() {
+        return Err(Usage(format!(
+            "the console needs sign-in tokens: set {} (or --no-auth on a loopback address)",
+            compose::CONSOLE_TOKENS.describe()
+        ))
+        .into());
+    }
+    let store = Store::connect(config).await?;
+    let queue = durable_queue(config, "the console's replays").await?;
+    jobs_ops::process::init_tracing(config.get(&compose::LOG_FORMAT).unwrap_or("human"))?;
+    let mut console = if no_auth {
+        Console::without_sign_in(store.dead_letters(), queue.publisher.clone())
+    } else {
+        Console::new(store.dead_letters(), queue.publisher.clone(), tokens)
+    };
+    if let Some(depth) = queue.depth.clone() {
+        let names = listed(&queue).await?;
+        console = console.depth(depth, names);
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    eprintln!("console on http://{listen}/");
+    axum::serve(listener, console.router())
+        .with_graceful_shutdown(jobs_ops::process::stop_signal())
+        .await
+        .context("serving the console")?;
+    Ok(())
 }
 
 /// The configured queue, refusing the default in-process one for commands whose messages
@@ -606,6 +677,7 @@ async fn dead_letter_command(
                 kind,
                 after: after.map(DeadLetterId),
                 limit,
+                ..DeadLetterFilter::default()
             };
             let store = Store::connect(config).await?;
             dead_letters::list(&store, &filter, json, out).await

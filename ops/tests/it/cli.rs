@@ -381,3 +381,31 @@ fn errors_name_what_to_do_and_say_their_cause_once() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_console_refuses_to_serve_without_sign_in_beyond_loopback_or_without_tokens() {
+    let open = jobsctl_with(
+        &["console", "--listen", "0.0.0.0:0", "--no-auth"],
+        &[("DATABASE_URL", "sqlite://.jobs/console-test.db")],
+    );
+    assert_eq!(open.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&open.stderr);
+    assert!(stderr.contains("only on a loopback address"), "{stderr}");
+    let tokenless = jobsctl_with(
+        &["console", "--listen", "127.0.0.1:0"],
+        &[("DATABASE_URL", "sqlite://.jobs/console-test.db")],
+    );
+    assert_eq!(tokenless.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&tokenless.stderr);
+    assert!(stderr.contains("JOBS_CONSOLE_TOKENS"), "{stderr}");
+    let short = jobsctl_with(
+        &["console", "--listen", "127.0.0.1:0"],
+        &[
+            ("DATABASE_URL", "sqlite://.jobs/console-test.db"),
+            ("JOBS_CONSOLE_TOKENS", "short"),
+        ],
+    );
+    assert_eq!(short.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&short.stderr);
+    assert!(stderr.contains("at least 16 characters"), "{stderr}");
+}

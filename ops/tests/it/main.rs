@@ -6,6 +6,7 @@ mod bulk;
 mod cleanup;
 mod cli;
 mod config;
+mod console;
 mod crash;
 mod grouped;
 mod model;

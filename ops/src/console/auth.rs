@@ -1,0 +1,290 @@
+//! Who may use the console: tokens from the configuration, exchanged at sign-in for a session
+//! cookie (HttpOnly, SameSite=Strict), each session with its own token against cross-site
+//! requests; a token may be scoped to one tenant.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use axum::http::header::{COOKIE, HOST, ORIGIN};
+use jobs_core::TenantId;
+
+/// The session cookie's name.
+pub(crate) const COOKIE_NAME: &str = "jobs_console";
+
+/// How long a session lasts after sign-in.
+const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
+
+/// A sign-in token: the secret an operator types, and the one tenant it is limited to, if any.
+///
+/// Parsed from `SECRET` or `SECRET@TENANT_ID` (`JOBS_CONSOLE_TOKENS` holds several,
+/// comma-separated). A secret must be at least 16 characters.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConsoleToken {
+    secret: String,
+    tenant: Option<TenantId>,
+}
+
+impl fmt::Debug for ConsoleToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsoleToken")
+            .field("secret", &"…")
+            .field("tenant", &self.tenant)
+            .finish()
+    }
+}
+
+/// The shortest secret a token may have.
+pub const MIN_SECRET_LEN: usize = 16;
+
+impl ConsoleToken {
+    /// A token that sees every tenant's data.
+    pub fn operator(secret: impl Into<String>) -> Result<Self, String> {
+        Self::checked(secret.into(), None)
+    }
+
+    /// A token that sees `tenant`'s data only, everywhere in the console.
+    pub fn tenant(secret: impl Into<String>, tenant: TenantId) -> Result<Self, String> {
+        Self::checked(secret.into(), Some(tenant))
+    }
+
+    fn checked(secret: String, tenant: Option<TenantId>) -> Result<Self, String> {
+        if secret.chars().count() < MIN_SECRET_LEN {
+            return Err(format!(
+                "a console token's secret needs at least {MIN_SECRET_LEN} characters"
+            ));
+        }
+        Ok(ConsoleToken { secret, tenant })
+    }
+
+    /// The tenant it is limited to, if any.
+    pub fn tenant_scope(&self) -> Option<TenantId> {
+        self.tenant
+    }
+}
+
+impl FromStr for ConsoleToken {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.rsplit_once('@') {
+            Some((secret, tenant)) => {
+                let tenant = tenant
+                    .parse()
+                    .map_err(|e| format!("`{tenant}` after @ is not a tenant id: {e}"))?;
+                ConsoleToken::tenant(secret, tenant)
+            }
+            None => ConsoleToken::operator(s),
+        }
+    }
+}
+
+/// One signed-in browser.
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    /// The tenant it is limited to.
+    pub(crate) tenant: Option<TenantId>,
+    /// The token every state-changing form carries.
+    pub(crate) csrf: String,
+    expires: Instant,
+}
+
+/// The tokens and the live sessions.
+pub(crate) struct Gate {
+    tokens: Vec<ConsoleToken>,
+    /// No sign-in at all: for a console on a loopback address, asked for explicitly.
+    open: Option<Session>,
+    sessions: Mutex<HashMap<String, Session>>,
+}
+
+impl Gate {
+    pub(crate) fn new(tokens: Vec<ConsoleToken>) -> Self {
+        Gate {
+            tokens,
+            open: None,
+            sessions: Mutex::default(),
+        }
+    }
+
+    pub(crate) fn open() -> Self {
+        Gate {
+            tokens: vec![],
+            open: Some(Session {
+                tenant: None,
+                csrf: random_hex(),
+                expires: Instant::now() + Duration::from_secs(100 * 365 * 86_400),
+            }),
+            sessions: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
+        // Every mutation leaves the map consistent before it can panic.
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new session for `secret`, and its cookie value; `None` when no token has it. Every
+    /// token is compared, in time independent of where they differ.
+    pub(crate) fn sign_in(&self, secret: &str) -> Option<String> {
+        let token = self.tokens.iter().fold(None, |found, token| {
+            if constant_time_eq(token.secret.as_bytes(), secret.as_bytes()) {
+                Some(token)
+            } else {
+                found
+            }
+        })?;
+        let id = random_hex();
+        let now = Instant::now();
+        let mut sessions = self.lock();
+        sessions.retain(|_, s| s.expires > now);
+        sessions.insert(
+            id.clone(),
+            Session {
+                tenant: token.tenant,
+                csrf: random_hex(),
+                expires: now + SESSION_LIFETIME,
+            },
+        );
+        Some(id)
+    }
+
+    pub(crate) fn sign_out(&self, headers: &HeaderMap) {
+        if let Some(id) = cookie(headers) {
+            self.lock().remove(&id);
+        }
+    }
+
+    /// The session of the request, if it has a live one.
+    pub(crate) fn session(&self, headers: &HeaderMap) -> Option<Session> {
+        if let Some(open) = &self.open {
+            return Some(open.clone());
+        }
+        let id = cookie(headers)?;
+        let sessions = self.lock();
+        sessions
+            .get(&id)
+            .filter(|s| s.expires > Instant::now())
+            .cloned()
+    }
+}
+
+/// The session cookie's value in `headers`.
+fn cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE_NAME)
+        .map(|(_, value)| value.to_owned())
+}
+
+/// Whether a state-changing request comes from the console's own pages: its `Origin` (which
+/// browsers send on every POST) names the host it was sent to, and `Sec-Fetch-Site`, when
+/// sent, does not say cross-site. A request with neither header is no browser's, and the
+/// form's token still has to match.
+pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
+    let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+    if matches!(fetch_site, Some("cross-site" | "same-site")) {
+        return false;
+    }
+    let Some(origin) = headers.get(ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return true;
+    };
+    let Some(host) = headers.get(HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    authority == Some(host)
+}
+
+/// The Set-Cookie value of session `id`.
+pub(crate) fn session_cookie(id: &str) -> String {
+    format!(
+        "{COOKIE_NAME}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        SESSION_LIFETIME.as_secs()
+    )
+}
+
+/// The Set-Cookie value that ends the session.
+pub(crate) fn cleared_cookie() -> String {
+    format!("{COOKIE_NAME}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")
+}
+
+/// Whether `a` and `b` are equal, in time that depends on their lengths only.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// 32 random bytes from the operating system, as hex.
+fn random_hex() -> String {
+    let mut bytes = [0u8; 32];
+    // Without the OS's randomness no session can be trusted: refuse to go on.
+    getrandom::fill(&mut bytes).expect("the operating system's random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn tokens_parse_with_or_without_a_tenant_and_refuse_short_secrets() {
+        let operator: ConsoleToken = "0123456789abcdef".parse().expect("a token");
+        assert_eq!(operator.tenant_scope(), None);
+        let tenant: ConsoleToken = "0123456789abcdef@00000000-0000-4000-8000-000000000001"
+            .parse()
+            .expect("a token");
+        assert!(tenant.tenant_scope().is_some());
+        assert!("short".parse::<ConsoleToken>().is_err());
+        assert!("0123456789abcdef@nobody".parse::<ConsoleToken>().is_err());
+        assert!(
+            !format!("{operator:?}").contains("0123"),
+            "the secret is not shown"
+        );
+    }
+
+    #[test]
+    fn a_cross_site_post_is_refused() {
+        let mut headers = HeaderMap::new();
+        headers.insert(HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        assert!(
+            same_origin(&headers),
+            "no browser headers: the token decides"
+        );
+        headers.insert(ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
+        assert!(same_origin(&headers));
+        headers.insert(ORIGIN, HeaderValue::from_static("https://evil.example"));
+        assert!(!same_origin(&headers));
+        headers.insert(ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
+        headers.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
+        assert!(!same_origin(&headers));
+    }
+
+    #[test]
+    fn sign_in_needs_a_configured_secret() {
+        let gate = Gate::new(vec![
+            ConsoleToken::operator("0123456789abcdef").expect("a token"),
+        ]);
+        assert!(gate.sign_in("0123456789abcdeX").is_none());
+        let id = gate.sign_in("0123456789abcdef").expect("signed in");
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            COOKIE,
+            HeaderValue::from_str(&format!("other=1; {COOKIE_NAME}={id}")).expect("a header"),
+        );
+        assert!(gate.session(&headers).is_some());
+        gate.sign_out(&headers);
+        assert!(gate.session(&headers).is_none());
+    }
+}

@@ -1,0 +1,243 @@
+//! The console's markup: every value that reaches a page goes through [`escape`], so a
+//! payload or an error text holding markup renders as text.
+
+use std::fmt::Write as _;
+
+/// `text` safe in HTML text and in a double-quoted attribute.
+pub(crate) fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` as a query-string value.
+pub(crate) fn query_value(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// A whole page: the layout, the navigation and `body` (markup already escaped).
+pub(crate) fn page(title: &str, signed_in: Option<&str>, body: &str) -> String {
+    let nav = match signed_in {
+        Some(csrf) => format!(
+            "<nav><a href=\"/\">Overview</a> <a href=\"/letters\">Dead letters</a> \
+             <a href=\"/cron\">Cron</a>\
+             <form method=\"post\" action=\"/logout\" class=\"inline\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+             <button>Sign out</button></form></nav>",
+            escape(csrf)
+        ),
+        None => String::new(),
+    };
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{} · jobs console</title>\
+         <link rel=\"stylesheet\" href=\"/assets/console.css\">\
+         <script src=\"/assets/console.js\" defer></script></head>\
+         <body><header><strong>jobs console</strong>{nav}</header><main>\
+         <h1>{}</h1>{body}</main></body></html>",
+        escape(title),
+        escape(title)
+    )
+}
+
+/// The first line of an error, with what varies between occurrences of the same failure
+/// (UUIDs, numbers, quoted values) replaced by `{}`, so that 412 letters of "customer 17 not
+/// found", "customer 23 not found", … group as one.
+pub(crate) fn normalise_error(error: &str) -> String {
+    let line = error.lines().next().unwrap_or("").trim();
+    let chars: Vec<char> = line.chars().collect();
+    let mut out = String::with_capacity(line.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '"' || c == '\'' || c == '`' {
+            if let Some(end) = chars[i + 1..].iter().position(|&d| d == c) {
+                out.push_str("{}");
+                i += end + 2;
+                continue;
+            }
+        }
+        if c.is_ascii_hexdigit() && !prev_is_word(&chars, i) {
+            let run = chars[i..]
+                .iter()
+                .take_while(|d| d.is_ascii_hexdigit() || **d == '-')
+                .count();
+            let token: String = chars[i..i + run].iter().collect();
+            let uuid_like = run >= 32 && token.chars().filter(|d| *d == '-').count() == 4;
+            let number = token.chars().all(|d| d.is_ascii_digit());
+            if uuid_like || (number && !next_is_word(&chars, i + run)) {
+                let mut end = i + run;
+                // A decimal part belongs to the number.
+                if number && chars.get(end) == Some(&'.') {
+                    end += 1 + chars[end + 1..]
+                        .iter()
+                        .take_while(|d| d.is_ascii_digit())
+                        .count();
+                }
+                out.push_str("{}");
+                i = end;
+                continue;
+            }
+        }
+        out.push(c);
+        i += 1;
+    }
+    let mut short: String = out.chars().take(200).collect();
+    if out.chars().count() > 200 {
+        short.push('…');
+    }
+    short
+}
+
+fn prev_is_word(chars: &[char], i: usize) -> bool {
+    i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_')
+}
+
+fn next_is_word(chars: &[char], i: usize) -> bool {
+    chars.get(i).is_some_and(|c| c.is_alphabetic() || *c == '_')
+}
+
+/// Raw bytes for people: the text when it is UTF-8 without control characters (but line
+/// breaks and tabs), else a hex dump of 16 bytes a line with offsets.
+pub(crate) fn raw_bytes(bytes: &[u8]) -> (bool, String) {
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        if text
+            .chars()
+            .all(|c| !c.is_control() || matches!(c, '\n' | '\r' | '\t'))
+        {
+            return (true, text.to_owned());
+        }
+    }
+    let mut out = String::new();
+    for (n, line) in bytes.chunks(16).enumerate() {
+        let _ = write!(out, "{:08x} ", n * 16);
+        for b in line {
+            let _ = write!(out, " {b:02x}");
+        }
+        out.push('\n');
+    }
+    (false, out)
+}
+
+/// The stylesheet, served at `/assets/console.css`.
+pub(crate) const CSS: &str = "\
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2327;background:#f6f7f7}\
+header{display:flex;gap:1.5em;align-items:center;padding:.6em 1.2em;background:#1d2327;color:#fff}\
+header a{color:#c3e1ff;margin-right:1em}nav{display:flex;align-items:center;gap:.2em}\
+main{padding:1em 1.5em;max-width:80em}h1{font-size:1.35em}h2{font-size:1.1em;margin-top:1.6em}\
+table{border-collapse:collapse;width:100%;background:#fff}\
+th,td{text-align:left;padding:.35em .6em;border-bottom:1px solid #dcdcde;vertical-align:top}\
+th{background:#f0f0f1;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+pre{background:#fff;border:1px solid #dcdcde;padding:.8em;overflow:auto;max-height:30em}\
+form.inline{display:inline;margin:0 .3em}form.filters{display:flex;flex-wrap:wrap;gap:.5em;\
+margin:.5em 0 1em}label{display:flex;flex-direction:column;font-size:.85em}\
+button{padding:.3em .9em;cursor:pointer}button.danger{color:#b32d2e}\
+.status{padding:.1em .5em;border-radius:.8em;background:#dcdcde;font-size:.85em}\
+.status-pending_review{background:#fcf0c3}.status-replayed{background:#d1f0d9}\
+.status-discarded{background:#e5e5e5}.note{color:#646970}.error{color:#b32d2e}\
+dl{display:grid;grid-template-columns:max-content 1fr;gap:.3em 1.2em}dt{font-weight:600}\
+svg.spark{width:10em;height:1.6em;vertical-align:middle}svg.spark polyline{fill:none;\
+stroke:#2271b1;stroke-width:1.5}";
+
+/// The only script, served at `/assets/console.js`: the overview's queue table refreshes from
+/// `/queues.json` every 5 s and draws each queue's depth over the minutes the page has been
+/// open. Confirmation of actions is the server's own page, so nothing else needs script.
+pub(crate) const JS: &str = r#"
+(function () {
+  const table = document.getElementById('queues');
+  if (!table) return;
+  const history = {};
+  function spark(points) {
+    const max = Math.max(1, ...points);
+    const step = points.length > 1 ? 100 / (points.length - 1) : 0;
+    return points.map((p, i) => (i * step).toFixed(1) + ',' + (30 - (p / max) * 28).toFixed(1)).join(' ');
+  }
+  async function refresh() {
+    try {
+      const answer = await fetch('/queues.json', { credentials: 'same-origin' });
+      if (!answer.ok) return;
+      const queues = await answer.json();
+      for (const q of queues) {
+        const row = table.querySelector('tr[data-queue="' + CSS.escape(q.queue) + '"]');
+        if (!row) continue;
+        for (const field of ['ready', 'delayed', 'in_flight']) {
+          const cell = row.querySelector('[data-field="' + field + '"]');
+          if (cell) cell.textContent = q[field] === null ? '-' : String(q[field]);
+        }
+        const points = (history[q.queue] = (history[q.queue] || []).concat([(q.ready || 0) + (q.delayed || 0) + (q.in_flight || 0)]).slice(-60));
+        const line = row.querySelector('polyline');
+        if (line) line.setAttribute('points', spark(points));
+      }
+      const stamp = document.getElementById('refreshed');
+      if (stamp) stamp.textContent = new Date().toLocaleTimeString();
+    } catch (e) { /* the next tick tries again */ }
+  }
+  refresh();
+  setInterval(refresh, 5000);
+})();
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_leaves_no_markup() {
+        assert_eq!(
+            escape("<script>alert('x')</script> & \"q\""),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;"
+        );
+    }
+
+    #[test]
+    fn errors_group_without_what_varies() {
+        for (error, expected) in [
+            ("customer 17 not found", "customer {} not found"),
+            (
+                "customer 2301 not found\nat line 3",
+                "customer {} not found",
+            ),
+            (
+                "invoice 0192f0a4-8d7e-7c3b-a1f2-6e5d4c3b2a19 missing",
+                "invoice {} missing",
+            ),
+            ("bad field 'email' in \"x y\"", "bad field {} in {}"),
+            ("took 1.5 s", "took {} s"),
+            ("http2 error: status 503", "http2 error: status {}"),
+            ("deadbeef is not a word here", "deadbeef is not a word here"),
+        ] {
+            assert_eq!(normalise_error(error), expected, "{error}");
+        }
+    }
+
+    #[test]
+    fn raw_bytes_are_text_when_printable_else_hex() {
+        assert_eq!(raw_bytes(b"{\"a\":1}\n"), (true, "{\"a\":1}\n".to_owned()));
+        let (text, dump) = raw_bytes(&[0x00, 0xff, b'a']);
+        assert!(!text);
+        assert_eq!(dump, "00000000  00 ff 61\n");
+    }
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(query_value("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+    }
+}

@@ -1,0 +1,824 @@
+//! The operations console: why jobs failed, and putting them back safely, in a browser.
+//!
+//! [`Console::router`] is an axum [`Router`] a module binary (or `jobsctl console`) mounts:
+//! server-rendered pages, one small embedded script (the overview's refresh), no external
+//! asset. It shows each queue's depth by state where the transport reports it, the dead
+//! letters newest first with filters (status, queue, tenant, kind, a job or correlation id),
+//! counts grouped by queue and by error with what varies stripped, one letter in full (its
+//! envelope, its raw bytes as text or hex), and replays or discards a letter through
+//! [`DeadLetters`], as `jobsctl dead-letters` does.
+//!
+//! Safety: every page but sign-in needs a session, made from a [`ConsoleToken`] of the
+//! configuration (`401` without one); a token scoped to a tenant sees and touches that
+//! tenant's letters only, everywhere (another's letter is `404`), and no queue figures, which
+//! are not per tenant. Every state-changing request is a POST that must come from the
+//! console's own origin and carry the session's form token. Every value is escaped, and the
+//! pages are served with a `Content-Security-Policy` that runs no inline script, so markup in
+//! a payload or an error renders as text.
+
+mod auth;
+mod html;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::Router;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use jobs_consumers::{DeadLetters, ReplayError};
+use jobs_core::{
+    CorrelationId, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
+    JobId, Kind, QueueDepth, QueueName, QueuePort, TenantId, Transition,
+};
+use serde::Deserialize;
+use serde_json::json;
+
+pub use auth::{ConsoleToken, MIN_SECRET_LEN};
+use auth::{Gate, Session};
+use html::{escape, page, query_value};
+
+/// Letters a list page shows.
+const PAGE_SIZE: u32 = 50;
+/// The newest pending letters the overview's grouped counts are taken over.
+const COUNTED: u32 = 5_000;
+
+/// The console over a store's dead letters and a transport.
+pub struct Console {
+    dead_letters: Arc<dyn DeadLetterStore>,
+    actions: DeadLetters,
+    depth: Option<Arc<dyn QueueDepth>>,
+    queues: Vec<QueueName>,
+    gate: Gate,
+}
+
+impl Console {
+    /// A console whose operators sign in with one of `tokens`, over `dead_letters`, replaying
+    /// through `publisher`.
+    pub fn new(
+        dead_letters: Arc<dyn DeadLetterStore>,
+        publisher: Arc<dyn QueuePort>,
+        tokens: Vec<ConsoleToken>,
+    ) -> Self {
+        Console {
+            actions: DeadLetters::new(dead_letters.clone(), publisher),
+            dead_letters,
+            depth: None,
+            queues: vec![],
+            gate: Gate::new(tokens),
+        }
+    }
+
+    /// A console without sign-in: every visitor is an operator. Only for a console bound to a
+    /// loopback address (`jobsctl console --no-auth` refuses any other).
+    pub fn without_sign_in(
+        dead_letters: Arc<dyn DeadLetterStore>,
+        publisher: Arc<dyn QueuePort>,
+    ) -> Self {
+        Console {
+            gate: Gate::open(),
+            ..Console::new(dead_letters, publisher, vec![])
+        }
+    }
+
+    /// Shows the depth of `queues` (and of every queue `depth` lists) on the overview.
+    pub fn depth(mut self, depth: Arc<dyn QueueDepth>, queues: Vec<QueueName>) -> Self {
+        self.depth = Some(depth);
+        self.queues = queues;
+        self
+    }
+
+    /// The console's routes, to mount at the root of a listener (its links are absolute).
+    pub fn router(self) -> Router {
+        Router::new()
+            .route("/", get(overview))
+            .route("/login", get(login_form).post(login))
+            .route("/logout", post(logout))
+            .route("/queues.json", get(queues_json))
+            .route("/letters", get(letters))
+            .route("/letters/{id}", get(letter))
+            .route("/letters/{id}/replay", post(replay))
+            .route("/letters/{id}/discard", post(discard))
+            .route("/cron", get(cron))
+            .route("/assets/console.css", get(css))
+            .route("/assets/console.js", get(js))
+            .with_state(Arc::new(self))
+    }
+}
+
+type Shared = State<Arc<Console>>;
+
+/// A page, with the headers every page carries.
+fn html_page(status: StatusCode, body: String) -> Response {
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(
+        "content-security-policy",
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+             img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert("referrer-policy", HeaderValue::from_static("same-origin"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+fn redirect(to: &str) -> Response {
+    let mut response = StatusCode::SEE_OTHER.into_response();
+    if let Ok(location) = HeaderValue::from_str(to) {
+        response.headers_mut().insert(LOCATION, location);
+    }
+    response
+}
+
+/// The sign-in page, as the answer to a request without a session.
+fn unauthorised() -> Response {
+    html_page(
+        StatusCode::UNAUTHORIZED,
+        page(
+            "Sign in",
+            None,
+            "<p>Sign in with a console token.</p>\
+             <form method=\"post\" action=\"/login\">\
+             <label>Token <input type=\"password\" name=\"token\" autocomplete=\"off\"></label>\
+             <button>Sign in</button></form>",
+        ),
+    )
+}
+
+fn problem(status: StatusCode, session: &Session, message: &str) -> Response {
+    html_page(
+        status,
+        page(
+            status.canonical_reason().unwrap_or("Error"),
+            Some(&session.csrf),
+            &format!("<p class=\"error\">{}</p>", escape(message)),
+        ),
+    )
+}
+
+async fn css() -> Response {
+    ([(CONTENT_TYPE, "text/css; charset=utf-8")], html::CSS).into_response()
+}
+
+async fn js() -> Response {
+    ([(CONTENT_TYPE, "text/javascript; charset=utf-8")], html::JS).into_response()
+}
+
+async fn login_form(State(console): Shared, headers: HeaderMap) -> Response {
+    if console.gate.session(&headers).is_some() {
+        return redirect("/");
+    }
+    let mut answer = unauthorised();
+    *answer.status_mut() = StatusCode::OK;
+    answer
+}
+
+#[derive(Deserialize)]
+struct Login {
+    token: String,
+}
+
+async fn login(State(console): Shared, headers: HeaderMap, Form(form): Form<Login>) -> Response {
+    if !auth::same_origin(&headers) {
+        return (StatusCode::FORBIDDEN, "cross-site request refused").into_response();
+    }
+    match console.gate.sign_in(&form.token) {
+        Some(id) => {
+            let mut answer = redirect("/");
+            if let Ok(cookie) = HeaderValue::from_str(&auth::session_cookie(&id)) {
+                answer.headers_mut().insert(SET_COOKIE, cookie);
+            }
+            answer
+        }
+        None => {
+            tracing::warn!("console sign-in refused: unknown token");
+            unauthorised()
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Csrf {
+    csrf: String,
+}
+
+/// The session of a state-changing request, or the answer refusing it.
+fn authorised_post(
+    console: &Console,
+    headers: &HeaderMap,
+    csrf: &str,
+) -> Result<Session, Box<Response>> {
+    let Some(session) = console.gate.session(headers) else {
+        return Err(Box::new(unauthorised()));
+    };
+    if !auth::same_origin(headers)
+        || !auth::constant_time_eq(session.csrf.as_bytes(), csrf.as_bytes())
+    {
+        return Err(Box::new(problem(
+            StatusCode::FORBIDDEN,
+            &session,
+            "cross-site request refused: reload the page and try again",
+        )));
+    }
+    Ok(session)
+}
+
+async fn logout(State(console): Shared, headers: HeaderMap, Form(form): Form<Csrf>) -> Response {
+    if let Err(refused) = authorised_post(&console, &headers, &form.csrf) {
+        return *refused;
+    }
+    console.gate.sign_out(&headers);
+    let mut answer = redirect("/login");
+    if let Ok(cookie) = HeaderValue::from_str(&auth::cleared_cookie()) {
+        answer.headers_mut().insert(SET_COOKIE, cookie);
+    }
+    answer
+}
+
+/// One queue's figures, `None` where the transport cannot tell.
+async fn queue_rows(console: &Console) -> Vec<(QueueName, Option<jobs_core::Depth>)> {
+    let Some(depth) = &console.depth else {
+        return vec![];
+    };
+    let mut names = console.queues.clone();
+    if let Ok(Some(listed)) = depth.queues().await {
+        names.extend(listed);
+    }
+    names.sort();
+    names.dedup();
+    let mut rows = Vec::with_capacity(names.len());
+    for name in names {
+        let figures = depth.depth(&name).await.ok();
+        rows.push((name, figures));
+    }
+    rows
+}
+
+async fn queues_json(State(console): Shared, headers: HeaderMap) -> Response {
+    let Some(session) = console.gate.session(&headers) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    if session.tenant.is_some() {
+        return axum::Json(json!([])).into_response();
+    }
+    let rows: Vec<serde_json::Value> = queue_rows(&console)
+        .await
+        .into_iter()
+        .map(|(name, d)| {
+            json!({
+                "queue": name.as_str(),
+                "ready": d.map(|d| d.ready),
+                "delayed": d.map(|d| d.delayed),
+                "in_flight": d.map(|d| d.in_flight),
+            })
+        })
+        .collect();
+    let mut answer = axum::Json(rows).into_response();
+    answer
+        .headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    answer
+}
+
+async fn overview(State(console): Shared, headers: HeaderMap) -> Response {
+    let Some(session) = console.gate.session(&headers) else {
+        return unauthorised();
+    };
+    let mut body = String::new();
+    if session.tenant.is_some() {
+        body.push_str(
+            "<p class=\"note\">Queue figures are not kept per tenant, so a tenant's token \
+             shows none.</p>",
+        );
+    } else if console.depth.is_none() {
+        body.push_str("<p class=\"note\">This transport does not report queue depth.</p>");
+    } else {
+        body.push_str(
+            "<h2>Queues</h2><table id=\"queues\"><tr><th>queue</th><th>ready</th>\
+             <th>delayed</th><th>in flight</th><th>depth since this page opened</th></tr>",
+        );
+        for (name, d) in queue_rows(&console).await {
+            let cell = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+            body.push_str(&format!(
+                "<tr data-queue=\"{q}\"><td><a href=\"/letters?queue={qv}\">{q}</a></td>\
+                 <td class=\"n\" data-field=\"ready\">{}</td>\
+                 <td class=\"n\" data-field=\"delayed\">{}</td>\
+                 <td class=\"n\" data-field=\"in_flight\">{}</td>\
+                 <td><svg class=\"spark\" viewBox=\"0 0 100 30\" preserveAspectRatio=\"none\">\
+                 <polyline points=\"\"></polyline></svg></td></tr>",
+                cell(d.map(|d| d.ready)),
+                cell(d.map(|d| d.delayed)),
+                cell(d.map(|d| d.in_flight)),
+                q = escape(name.as_str()),
+                qv = query_value(name.as_str()),
+            ));
+        }
+        body.push_str(
+            "</table><p class=\"note\">Refreshed every 5 s, last at \
+             <span id=\"refreshed\">load</span>.</p>",
+        );
+    }
+    let filter = DeadLetterFilter {
+        status: Some(DeadLetterStatus::PendingReview),
+        tenant_id: session.tenant,
+        newest_first: true,
+        limit: 500,
+        ..DeadLetterFilter::default()
+    };
+    match counts(&console, filter).await {
+        Ok((seen, by_queue, by_error)) => {
+            body.push_str(&format!(
+                "<h2>Dead letters waiting for review</h2><p class=\"note\">{seen} counted{}.</p>",
+                if seen >= COUNTED as usize {
+                    format!(" (the newest {COUNTED})")
+                } else {
+                    String::new()
+                }
+            ));
+            body.push_str("<table><tr><th>queue</th><th>letters</th></tr>");
+            for (queue, n) in by_queue {
+                body.push_str(&format!(
+                    "<tr><td><a href=\"/letters?status=pending_review&amp;queue={}\">{}</a></td>\
+                     <td class=\"n\">{n}</td></tr>",
+                    query_value(&queue),
+                    escape(&queue)
+                ));
+            }
+            body.push_str(
+                "</table><h2>By error</h2><table><tr><th>error</th><th>letters</th></tr>",
+            );
+            let mut errors: Vec<(String, usize)> = by_error.into_iter().collect();
+            errors.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            for (error, n) in errors.into_iter().take(50) {
+                body.push_str(&format!(
+                    "<tr><td>{}</td><td class=\"n\">{n}</td></tr>",
+                    escape(&error)
+                ));
+            }
+            body.push_str("</table>");
+        }
+        Err(e) => body.push_str(&format!(
+            "<p class=\"error\">The store did not answer: {}</p>",
+            escape(&e.to_string())
+        )),
+    }
+    html_page(StatusCode::OK, page("Overview", Some(&session.csrf), &body))
+}
+
+/// Pending letters counted by queue and by normalised error, over at most [`COUNTED`].
+async fn counts(
+    console: &Console,
+    mut filter: DeadLetterFilter,
+) -> Result<(usize, BTreeMap<String, usize>, BTreeMap<String, usize>), jobs_core::StoreError> {
+    let (mut seen, mut by_queue, mut by_error) = (0, BTreeMap::new(), BTreeMap::new());
+    loop {
+        let letters = console.dead_letters.list(&filter).await?;
+        for letter in &letters {
+            seen += 1;
+            *by_queue
+                .entry(letter.letter.queue.as_str().to_owned())
+                .or_insert(0) += 1;
+            *by_error
+                .entry(html::normalise_error(&letter.letter.last_error))
+                .or_insert(0) += 1;
+        }
+        match letters.last() {
+            Some(last) if letters.len() == filter.limit as usize && seen < COUNTED as usize => {
+                filter.before = Some(last.id);
+            }
+            _ => return Ok((seen, by_queue, by_error)),
+        }
+    }
+}
+
+/// The list page's query: every field optional, as a form sends it (empty means unset).
+#[derive(Deserialize, Default)]
+struct ListQuery {
+    status: Option<String>,
+    queue: Option<String>,
+    tenant: Option<String>,
+    kind: Option<String>,
+    /// A job id or a correlation id.
+    q: Option<String>,
+    before: Option<i64>,
+    since: Option<String>,
+}
+
+fn set(value: &Option<String>) -> Option<&str> {
+    value.as_deref().map(str::trim).filter(|v| !v.is_empty())
+}
+
+/// The filter a list query asks for, or what is wrong with it (naming the field).
+fn filter_of(query: &ListQuery, session: &Session) -> Result<DeadLetterFilter, String> {
+    let mut filter = DeadLetterFilter {
+        newest_first: true,
+        limit: PAGE_SIZE,
+        before: query.before.map(DeadLetterId),
+        ..DeadLetterFilter::default()
+    };
+    if let Some(status) = set(&query.status) {
+        filter.status = Some(
+            [
+                DeadLetterStatus::PendingReview,
+                DeadLetterStatus::Replayed,
+                DeadLetterStatus::Discarded,
+            ]
+            .into_iter()
+            .find(|s| s.as_str() == status)
+            .ok_or_else(|| {
+                format!("status: `{status}` is none of pending_review, replayed, discarded")
+            })?,
+        );
+    }
+    if let Some(queue) = set(&query.queue) {
+        filter.queue = Some(
+            queue
+                .parse::<QueueName>()
+                .map_err(|e| format!("queue: {e}"))?,
+        );
+    }
+    if let Some(kind) = set(&query.kind) {
+        filter.kind = Some(kind.parse::<Kind>().map_err(|e| format!("kind: {e}"))?);
+    }
+    if let Some(tenant) = set(&query.tenant) {
+        filter.tenant_id = Some(
+            tenant
+                .parse::<TenantId>()
+                .map_err(|e| format!("tenant: {e}"))?,
+        );
+    }
+    if let Some(q) = set(&query.q) {
+        if let Ok(job) = q.parse::<JobId>() {
+            filter.job_id = Some(job);
+        } else {
+            filter.correlation_id = Some(
+                q.parse::<CorrelationId>()
+                    .map_err(|e| format!("job or correlation id: {e}"))?,
+            );
+        }
+    }
+    // A tenant's session sees its own letters, whatever the query says.
+    if let Some(own) = session.tenant {
+        filter.tenant_id = Some(own);
+    }
+    Ok(filter)
+}
+
+/// The letters since `since` (`1h`, `24h`, `7d`), newest first, stop at the first older one.
+fn since_of(query: &ListQuery) -> Result<Option<SystemTime>, String> {
+    let Some(since) = set(&query.since) else {
+        return Ok(None);
+    };
+    let (n, unit) = since.split_at(since.len().saturating_sub(1));
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("since: `{since}` is not a span such as 1h or 7d"))?;
+    let secs = match unit {
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3_600),
+        "d" => n.checked_mul(86_400),
+        _ => None,
+    }
+    .ok_or_else(|| format!("since: `{since}` is not a span such as 1h or 7d"))?;
+    Ok(SystemTime::now().checked_sub(std::time::Duration::from_secs(secs)))
+}
+
+fn time(t: SystemTime) -> String {
+    DateTime::<Utc>::from(t)
+        .format("%Y-%m-%d %H:%M:%S UTC")
+        .to_string()
+}
+
+fn status_badge(status: DeadLetterStatus) -> String {
+    format!(
+        "<span class=\"status status-{s}\">{s}</span>",
+        s = status.as_str()
+    )
+}
+
+async fn letters(
+    State(console): Shared,
+    headers: HeaderMap,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    let Some(session) = console.gate.session(&headers) else {
+        return unauthorised();
+    };
+    let (filter, since) = match (filter_of(&query, &session), since_of(&query)) {
+        (Ok(filter), Ok(since)) => (filter, since),
+        (Err(e), _) | (_, Err(e)) => return problem(StatusCode::BAD_REQUEST, &session, &e),
+    };
+    let mut shown = match console.dead_letters.list(&filter).await {
+        Ok(letters) => letters,
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    };
+    let full_page = shown.len() == filter.limit as usize;
+    let mut older_hidden = false;
+    if let Some(since) = since {
+        let before = shown.len();
+        shown.retain(|l| l.letter.at >= since);
+        older_hidden = shown.len() < before;
+    }
+    let value = |v: &Option<String>| escape(set(v).unwrap_or(""));
+    let status_options: String = ["", "pending_review", "replayed", "discarded"]
+        .iter()
+        .map(|s| {
+            let selected = if set(&query.status) == Some(*s)
+                || (s.is_empty() && set(&query.status).is_none())
+            {
+                " selected"
+            } else {
+                ""
+            };
+            let label = if s.is_empty() { "any" } else { s };
+            format!("<option value=\"{s}\"{selected}>{label}</option>")
+        })
+        .collect();
+    let mut body = format!(
+        "<form class=\"filters\" method=\"get\" action=\"/letters\">\
+         <label>status <select name=\"status\">{status_options}</select></label>\
+         <label>queue <input name=\"queue\" value=\"{}\"></label>\
+         <label>tenant <input name=\"tenant\" value=\"{}\"{}></label>\
+         <label>kind <input name=\"kind\" value=\"{}\"></label>\
+         <label>since <input name=\"since\" value=\"{}\" placeholder=\"24h\" size=\"5\"></label>\
+         <label>job or correlation id <input name=\"q\" value=\"{}\" size=\"38\"></label>\
+         <button>Filter</button></form>",
+        value(&query.queue),
+        value(&query.tenant),
+        if session.tenant.is_some() {
+            " disabled"
+        } else {
+            ""
+        },
+        value(&query.kind),
+        value(&query.since),
+        value(&query.q),
+    );
+    if shown.is_empty() {
+        body.push_str("<p class=\"note\">No dead letter matches.</p>");
+    } else {
+        body.push_str(
+            "<table id=\"letters\"><tr><th>id</th><th>status</th><th>queue</th><th>kind</th>\
+             <th>tenant</th><th>attempts</th><th>dead-lettered</th><th>last error</th></tr>",
+        );
+        for l in &shown {
+            body.push_str(&letter_row(l));
+        }
+        body.push_str("</table>");
+    }
+    if full_page && !older_hidden {
+        if let Some(last) = shown.last() {
+            let mut next = format!("/letters?before={}", last.id.0);
+            for (name, v) in [
+                ("status", &query.status),
+                ("queue", &query.queue),
+                ("tenant", &query.tenant),
+                ("kind", &query.kind),
+                ("since", &query.since),
+                ("q", &query.q),
+            ] {
+                if let Some(v) = set(v) {
+                    next.push_str(&format!("&{name}={}", query_value(v)));
+                }
+            }
+            body.push_str(&format!(
+                "<p><a href=\"{}\">Older letters</a></p>",
+                escape(&next)
+            ));
+        }
+    }
+    html_page(
+        StatusCode::OK,
+        page("Dead letters", Some(&session.csrf), &body),
+    )
+}
+
+fn letter_row(letter: &DeadLetter) -> String {
+    let l = &letter.letter;
+    format!(
+        "<tr data-id=\"{id}\"><td><a href=\"/letters/{id}\">{id}</a></td><td>{}</td><td>{}</td>\
+         <td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+        status_badge(letter.status),
+        escape(l.queue.as_str()),
+        escape(l.kind.as_ref().map_or("-", |k| k.as_str())),
+        escape(
+            &l.tenant_id
+                .map_or_else(|| "-".to_owned(), |t| t.to_string())
+        ),
+        l.attempts,
+        time(l.at),
+        escape(&html::normalise_error(&l.last_error)),
+        id = letter.id.0,
+    )
+}
+
+/// The letter `id` as `session` may see it: another tenant's is no letter at all.
+async fn visible(
+    console: &Console,
+    session: &Session,
+    id: i64,
+) -> Result<DeadLetter, Box<Response>> {
+    match console.dead_letters.get(DeadLetterId(id)).await {
+        Ok(Some(letter))
+            if session
+                .tenant
+                .is_none_or(|t| letter.letter.tenant_id == Some(t)) =>
+        {
+            Ok(letter)
+        }
+        Ok(_) => Err(Box::new(problem(
+            StatusCode::NOT_FOUND,
+            session,
+            &format!("dead letter {id} not found"),
+        ))),
+        Err(e) => Err(Box::new(problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            session,
+            &e.to_string(),
+        ))),
+    }
+}
+
+async fn letter(State(console): Shared, headers: HeaderMap, Path(id): Path<i64>) -> Response {
+    let Some(session) = console.gate.session(&headers) else {
+        return unauthorised();
+    };
+    let letter = match visible(&console, &session, id).await {
+        Ok(letter) => letter,
+        Err(answer) => return *answer,
+    };
+    let l = &letter.letter;
+    let field =
+        |name: &str, value: String| format!("<dt>{}</dt><dd>{}</dd>", escape(name), escape(&value));
+    let mut body = format!("<p>{}</p><dl>", status_badge(letter.status));
+    for (name, value) in [
+        ("queue", l.queue.as_str().to_owned()),
+        (
+            "kind",
+            l.kind.as_ref().map_or("-".into(), |k| k.to_string()),
+        ),
+        ("job id", l.job_id.map_or("-".into(), |j| j.to_string())),
+        ("tenant", l.tenant_id.map_or("-".into(), |t| t.to_string())),
+        (
+            "correlation id",
+            l.correlation_id.map_or("-".into(), |c| c.to_string()),
+        ),
+        (
+            "consumer",
+            l.consumer.as_ref().map_or("-".into(), |c| c.to_string()),
+        ),
+        ("attempts", l.attempts.to_string()),
+        ("dead-lettered", time(l.at)),
+        ("status since", time(letter.updated_at)),
+    ] {
+        body.push_str(&field(name, value));
+    }
+    body.push_str("</dl><h2>Last error</h2>");
+    body.push_str(&format!(
+        "<pre id=\"error\">{}</pre>",
+        escape(&l.last_error)
+    ));
+    match serde_json::from_slice::<serde_json::Value>(&l.payload) {
+        Ok(value) => {
+            let pretty = serde_json::to_string_pretty(&value).unwrap_or_default();
+            body.push_str(&format!(
+                "<h2>Envelope</h2><pre id=\"envelope\">{}</pre>",
+                escape(&pretty)
+            ));
+        }
+        Err(_) => {
+            let (text, shown) = html::raw_bytes(&l.payload);
+            body.push_str(&format!(
+                "<h2>Raw bytes ({} bytes, {})</h2><pre id=\"raw\">{}</pre>",
+                l.payload.len(),
+                if text { "as text" } else { "in hex" },
+                escape(&shown)
+            ));
+        }
+    }
+    if letter.status == DeadLetterStatus::PendingReview {
+        let csrf = escape(&session.csrf);
+        body.push_str(&format!(
+            "<h2>Put it back</h2>\
+             <form method=\"post\" action=\"/letters/{id}/replay\" class=\"inline\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+             <button id=\"replay\">Replay to {}</button></form>\
+             <form method=\"post\" action=\"/letters/{id}/discard\" class=\"inline\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+             <button id=\"discard\" class=\"danger\">Discard</button></form>",
+            escape(l.queue.as_str()),
+        ));
+    }
+    html_page(
+        StatusCode::OK,
+        page(&format!("Dead letter {id}"), Some(&session.csrf), &body),
+    )
+}
+
+async fn replay(
+    State(console): Shared,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+    Form(form): Form<Csrf>,
+) -> Response {
+    let session = match authorised_post(&console, &headers, &form.csrf) {
+        Ok(session) => session,
+        Err(refused) => return *refused,
+    };
+    match console
+        .actions
+        .replay(DeadLetterId(id), session.tenant)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(dead_letter = id, tenant = ?session.tenant, "replayed from the console");
+            redirect(&format!("/letters/{id}"))
+        }
+        Err(ReplayError::NotFound(_)) => problem(
+            StatusCode::NOT_FOUND,
+            &session,
+            &format!("dead letter {id} not found"),
+        ),
+        Err(e @ (ReplayError::Conflict { .. } | ReplayError::NotAnEnvelope { .. })) => {
+            problem(StatusCode::CONFLICT, &session, &e.to_string())
+        }
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    }
+}
+
+async fn discard(
+    State(console): Shared,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+    Form(form): Form<Csrf>,
+) -> Response {
+    let session = match authorised_post(&console, &headers, &form.csrf) {
+        Ok(session) => session,
+        Err(refused) => return *refused,
+    };
+    match console
+        .actions
+        .discard(DeadLetterId(id), session.tenant)
+        .await
+    {
+        Ok(Transition::Done | Transition::AlreadyDone) => {
+            tracing::info!(dead_letter = id, tenant = ?session.tenant, "discarded from the console");
+            redirect(&format!("/letters/{id}"))
+        }
+        Ok(Transition::NotFound) => problem(
+            StatusCode::NOT_FOUND,
+            &session,
+            &format!("dead letter {id} not found"),
+        ),
+        Ok(Transition::Conflict(status)) => problem(
+            StatusCode::CONFLICT,
+            &session,
+            &format!("dead letter {id} is {status}; only pending_review letters can be discarded"),
+        ),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    }
+}
+
+async fn cron(State(console): Shared, headers: HeaderMap) -> Response {
+    let Some(session) = console.gate.session(&headers) else {
+        return unauthorised();
+    };
+    let now = SystemTime::now();
+    let mut body = String::from(
+        "<p class=\"note\">The standard periodic tasks, fanned out per tenant at each slot.</p>\
+         <table><tr><th>task</th><th>queue</th><th>schedule</th><th>next slot</th>\
+         <th>tenants</th></tr>",
+    );
+    for task in jobs_cron::standard_tasks() {
+        body.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(task.kind.as_str()),
+            escape(task.queue.as_str()),
+            escape(&task.schedule.to_string()),
+            task.schedule
+                .next_after(now)
+                .map_or_else(|| "-".to_owned(), time),
+            if task.tier.is_some() {
+                "those due at the slot by their freshness tier"
+            } else {
+                "every tenant"
+            }
+        ));
+    }
+    body.push_str("</table>");
+    html_page(StatusCode::OK, page("Cron", Some(&session.csrf), &body))
+}

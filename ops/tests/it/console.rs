@@ -1,0 +1,402 @@
+//! The operations console over HTTP, as a browser uses it: sign-in, tenant scoping, refusals of
+//! cross-site requests, inert markup, and a replay that puts the job back on its queue.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use jobs_adapter_memory::{MemoryQueue, MemoryStore};
+use jobs_core::{
+    DeadLetterId, DeadLetterStatus, DeadLetterStore, Envelope, NewDeadLetter, PullPort, QueueName,
+};
+use jobs_ops::console::{Console, ConsoleToken};
+use jobs_testkit::fixtures;
+use reqwest::StatusCode;
+use reqwest::header::{COOKIE, ORIGIN, SET_COOKIE};
+
+const OPERATOR: &str = "operator-secret-0123";
+const TENANT_ONE: &str = "tenant-one-secret-0123";
+
+struct Served {
+    base: String,
+    store: MemoryStore,
+    queue: MemoryQueue,
+    client: reqwest::Client,
+    ids: Vec<DeadLetterId>,
+}
+
+fn queue_name() -> QueueName {
+    "billing.invoices".parse().expect("a queue")
+}
+
+/// Three letters of tenant 1 failing alike, one of tenant 2 whose payload and error hold
+/// markup, and one poison message of bytes.
+async fn serve() -> Served {
+    let store = MemoryStore::default();
+    let queue = MemoryQueue::default();
+    let mut ids = vec![];
+    for (n, tenant, error) in [
+        (17, 1, "customer 17 not found".to_owned()),
+        (23, 1, "customer 23 not found".to_owned()),
+        (42, 1, "customer 42 not found".to_owned()),
+        (7, 2, "<script>alert('error')</script>".to_owned()),
+    ] {
+        let envelope = fixtures::envelope_with(
+            tenant,
+            "billing.invoice_issued",
+            serde_json::json!({ "n": n, "note": "<img src=x onerror=alert(1)>" }),
+        );
+        ids.push(
+            store
+                .record(NewDeadLetter {
+                    job_id: Some(envelope.job_id),
+                    queue: queue_name(),
+                    consumer: Some("billing.booker".parse().expect("a consumer")),
+                    tenant_id: Some(envelope.tenant_id),
+                    kind: Some(envelope.kind.clone()),
+                    correlation_id: Some(envelope.correlation_id),
+                    payload: envelope.to_json_bytes().expect("bytes"),
+                    attempts: 5,
+                    last_error: error,
+                    dedup_key: Some(envelope.job_id.to_string()),
+                    at: SystemTime::now(),
+                })
+                .await
+                .expect("recorded")
+                .id(),
+        );
+    }
+    ids.push(
+        store
+            .record(NewDeadLetter {
+                job_id: None,
+                queue: queue_name(),
+                consumer: None,
+                tenant_id: None,
+                kind: None,
+                correlation_id: None,
+                payload: vec![0x00, 0xff, b'<'],
+                attempts: 1,
+                last_error: "not an envelope".to_owned(),
+                dedup_key: None,
+                at: SystemTime::now(),
+            })
+            .await
+            .expect("recorded")
+            .id(),
+    );
+    let tokens = vec![
+        ConsoleToken::operator(OPERATOR).expect("a token"),
+        ConsoleToken::tenant(TENANT_ONE, fixtures::tenant(1)).expect("a token"),
+    ];
+    let router = Console::new(Arc::new(store.clone()), Arc::new(queue.clone()), tokens)
+        .depth(Arc::new(queue.clone()), vec![queue_name()])
+        .router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("a client");
+    Served {
+        base,
+        store,
+        queue,
+        client,
+        ids,
+    }
+}
+
+impl Served {
+    /// Signs in with `token`: the session cookie.
+    async fn sign_in(&self, token: &str) -> String {
+        let answer = self
+            .client
+            .post(format!("{}/login", self.base))
+            .header(ORIGIN, &self.base)
+            .form(&[("token", token)])
+            .send()
+            .await
+            .expect("sign in");
+        assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+        let cookie = answer
+            .headers()
+            .get(SET_COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .expect("a session cookie")
+            .to_owned();
+        assert!(
+            cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+            "{cookie}"
+        );
+        cookie.split(';').next().expect("name=value").to_owned()
+    }
+
+    async fn get(&self, cookie: Option<&str>, path: &str) -> (StatusCode, String) {
+        let mut request = self.client.get(format!("{}{path}", self.base));
+        if let Some(cookie) = cookie {
+            request = request.header(COOKIE, cookie);
+        }
+        let answer = request.send().await.expect("an answer");
+        (answer.status(), answer.text().await.expect("a body"))
+    }
+
+    /// POSTs `path` with the form token of the page at `page`, from `origin`.
+    async fn post(&self, cookie: &str, page: &str, path: &str, origin: &str) -> StatusCode {
+        let (_, body) = self.get(Some(cookie), page).await;
+        let csrf = csrf_of(&body);
+        self.client
+            .post(format!("{}{path}", self.base))
+            .header(COOKIE, cookie)
+            .header(ORIGIN, origin)
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .expect("an answer")
+            .status()
+    }
+
+    async fn status(&self, id: DeadLetterId) -> DeadLetterStatus {
+        self.store
+            .get(id)
+            .await
+            .expect("the store")
+            .expect("the letter")
+            .status
+    }
+}
+
+fn csrf_of(page: &str) -> String {
+    let pattern = regex::Regex::new(r#"name="csrf" value="([0-9a-f]{64})""#).expect("a regex");
+    pattern
+        .captures(page)
+        .map(|c| c[1].to_owned())
+        .expect("a form token on the page")
+}
+
+#[tokio::test]
+async fn without_a_session_every_page_is_401_and_a_wrong_token_signs_nobody_in() {
+    let s = serve().await;
+    for path in ["/", "/letters", &format!("/letters/{}", s.ids[0]), "/cron"] {
+        let (status, body) = s.get(None, path).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+        assert!(body.contains("Sign in"), "{path}: the sign-in form");
+    }
+    let (status, _) = s.get(None, "/queues.json").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let forged = s
+        .client
+        .post(format!("{}/letters/{}/replay", s.base, s.ids[0]))
+        .form(&[("csrf", "0".repeat(64))])
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+    let wrong = s
+        .client
+        .post(format!("{}/login", s.base))
+        .form(&[("token", "operator-secret-0124")])
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(wrong.headers().get(SET_COOKIE).is_none());
+    assert_eq!(s.status(s.ids[0]).await, DeadLetterStatus::PendingReview);
+}
+
+#[tokio::test]
+async fn an_operator_sees_counts_by_error_and_replays_a_letter_onto_its_queue() {
+    let s = serve().await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let (status, overview) = s.get(Some(&cookie), "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        overview.contains("<td>customer {} not found</td><td class=\"n\">3</td>"),
+        "three letters grouped as one error: {overview}"
+    );
+    assert!(overview.contains("data-queue=\"billing.invoices\""));
+    let (_, list) = s
+        .get(Some(&cookie), "/letters?queue=billing.invoices")
+        .await;
+    let first = list
+        .find(&format!("data-id=\"{}\"", s.ids[4]))
+        .expect("the newest");
+    let last = list
+        .find(&format!("data-id=\"{}\"", s.ids[0]))
+        .expect("the oldest");
+    assert!(first < last, "newest first");
+
+    let id = s.ids[0];
+    let page = format!("/letters/{id}");
+    assert_eq!(
+        s.post(&cookie, &page, &format!("{page}/replay"), &s.base)
+            .await,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(s.status(id).await, DeadLetterStatus::Replayed);
+    let delivered = s
+        .queue
+        .receive(&queue_name(), 10, Duration::from_secs(30))
+        .await
+        .expect("receive");
+    assert_eq!(delivered.len(), 1, "the job is back on its queue");
+    let envelope = Envelope::decode(&delivered[0].payload).expect("the envelope");
+    let recorded = s.store.get(id).await.expect("store").expect("letter");
+    assert_eq!(
+        Some(envelope.job_id),
+        recorded.letter.job_id,
+        "the same job"
+    );
+    let (_, after) = s.get(Some(&cookie), &page).await;
+    assert!(
+        after.contains("status-replayed"),
+        "the page shows the new status"
+    );
+    assert!(!after.contains("id=\"replay\""), "no second replay button");
+}
+
+#[tokio::test]
+async fn a_tenant_token_sees_and_touches_its_own_letters_only() {
+    let s = serve().await;
+    let cookie = s.sign_in(TENANT_ONE).await;
+    let (_, list) = s
+        .get(
+            Some(&cookie),
+            "/letters?tenant=00000000-0000-4000-8000-000000000002",
+        )
+        .await;
+    for own in &s.ids[..3] {
+        assert!(list.contains(&format!("data-id=\"{own}\"")), "{own} listed");
+    }
+    for other in &s.ids[3..] {
+        assert!(
+            !list.contains(&format!("data-id=\"{other}\"")),
+            "{other} hidden"
+        );
+    }
+    let theirs = s.ids[3];
+    let (status, _) = s.get(Some(&cookie), &format!("/letters/{theirs}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let own_page = format!("/letters/{}", s.ids[0]);
+    for action in ["replay", "discard"] {
+        let status = s
+            .post(
+                &cookie,
+                &own_page,
+                &format!("/letters/{theirs}/{action}"),
+                &s.base,
+            )
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "{action} of another tenant's letter"
+        );
+    }
+    assert_eq!(s.status(theirs).await, DeadLetterStatus::PendingReview);
+    let (_, overview) = s.get(Some(&cookie), "/").await;
+    assert!(
+        !overview.contains("alert"),
+        "no other tenant's error in the counts"
+    );
+    assert!(
+        !overview.contains("data-queue="),
+        "no queue figures for a tenant"
+    );
+    let (_, queues) = s.get(Some(&cookie), "/queues.json").await;
+    assert_eq!(queues, "[]");
+    assert_eq!(
+        s.post(&cookie, &own_page, &format!("{own_page}/discard"), &s.base)
+            .await,
+        StatusCode::SEE_OTHER
+    );
+    assert_eq!(s.status(s.ids[0]).await, DeadLetterStatus::Discarded);
+}
+
+#[tokio::test]
+async fn a_cross_site_post_or_a_missing_form_token_changes_nothing() {
+    let s = serve().await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let id = s.ids[1];
+    let page = format!("/letters/{id}");
+    let status = s
+        .post(
+            &cookie,
+            &page,
+            &format!("{page}/discard"),
+            "https://evil.example",
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let without_token = s
+        .client
+        .post(format!("{}{page}/discard", s.base))
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, &s.base)
+        .form(&[("csrf", "f".repeat(64))])
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(without_token.status(), StatusCode::FORBIDDEN);
+    let login_elsewhere = s
+        .client
+        .post(format!("{}/login", s.base))
+        .header(ORIGIN, "https://evil.example")
+        .form(&[("token", OPERATOR)])
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(login_elsewhere.status(), StatusCode::FORBIDDEN);
+    assert_eq!(s.status(id).await, DeadLetterStatus::PendingReview);
+}
+
+#[tokio::test]
+async fn markup_in_a_payload_or_an_error_renders_as_text() {
+    let s = serve().await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let (status, page) = s
+        .get(Some(&cookie), &format!("/letters/{}", s.ids[3]))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!page.contains("<script>alert"), "{page}");
+    assert!(!page.contains("<img src=x"), "{page}");
+    assert!(page.contains("&lt;script&gt;alert(&#39;error&#39;)&lt;/script&gt;"));
+    assert!(page.contains("&lt;img src=x onerror=alert(1)&gt;"));
+    let (_, poison) = s
+        .get(Some(&cookie), &format!("/letters/{}", s.ids[4]))
+        .await;
+    assert!(poison.contains("in hex"), "raw bytes shown as hex");
+    assert!(poison.contains("00 ff 3c"), "{poison}");
+    let poison_page = format!("/letters/{}", s.ids[4]);
+    let status = s
+        .post(
+            &cookie,
+            &poison_page,
+            &format!("{poison_page}/replay"),
+            &s.base,
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "poison cannot be replayed as it is"
+    );
+    assert_eq!(s.status(s.ids[4]).await, DeadLetterStatus::PendingReview);
+    let answer = s
+        .client
+        .get(format!("{}/letters/{}", s.base, s.ids[3]))
+        .header(COOKIE, &cookie)
+        .send()
+        .await
+        .expect("an answer");
+    let policy = answer
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(policy.contains("script-src 'self'"), "{policy}");
+}
