@@ -629,7 +629,7 @@ fn envelopes(jobs: u64) -> Result<Vec<Envelope>> {
 }
 
 async fn reset(pool: &PgPool) -> Result<()> {
-    sqlx::query("truncate raw_jobs, core.jobs, core.processed_jobs, core.dead_letters, effects")
+    sqlx::query("truncate raw_jobs, core.jobs, core.processed_jobs, core.dead_letter_events, core.dead_letters, effects")
         .execute(pool)
         .await?;
     for table in ["raw_jobs", "core.jobs", "core.processed_jobs", "effects"] {

@@ -13,12 +13,19 @@ use thiserror::Error;
 ///
 /// Both act only on letters in `pending_review`, and both are idempotent: repeating a command
 /// (say, a bulk replay re-run after an interruption) neither skips nor doubles anything.
+/// Each change is recorded in the letter's history as made by whoever
+/// [`acting_as`](Self::acting_as) names (`jobs` unless set).
 #[derive(Clone)]
 pub struct DeadLetters {
     store: Arc<dyn DeadLetterStore>,
     queue: Arc<dyn QueuePort>,
     clock: Arc<dyn Clock>,
+    /// Who asked, recorded with every transition.
+    by: String,
 }
+
+/// Who a [`DeadLetters`] records as the author of its changes unless told otherwise.
+const DEFAULT_BY: &str = "jobs";
 
 /// What a replay did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +84,7 @@ impl DeadLetters {
             store,
             queue,
             clock: Arc::new(SystemClock),
+            by: DEFAULT_BY.to_owned(),
         }
     }
 
@@ -84,6 +92,17 @@ impl DeadLetters {
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// A copy that records `by` (free text, such as `jobsctl (alice)` or
+    /// `console (operator)`) as the author of its replays and discards in each letter's
+    /// history, so an operator can tell later who changed a letter and from where. Sharing the
+    /// store, queue and clock, it is cheap enough to make per request.
+    pub fn acting_as(&self, by: impl Into<String>) -> DeadLetters {
+        DeadLetters {
+            by: by.into(),
+            ..self.clone()
+        }
     }
 
     /// Marks the letter `replayed`, which releases the job's claim in `processed_jobs`, then
@@ -113,7 +132,13 @@ impl DeadLetters {
             .map_err(|source| ReplayError::NotAnEnvelope { id, source })?;
         let outcome = match self
             .store
-            .transition(id, jobs_core::Resolution::Replay, tenant, self.clock.now())
+            .transition(
+                id,
+                jobs_core::Resolution::Replay,
+                tenant,
+                self.clock.now(),
+                &self.by,
+            )
             .await?
         {
             Transition::Done => Replayed::Done,
@@ -163,7 +188,13 @@ impl DeadLetters {
         tenant: Option<TenantId>,
     ) -> Result<Transition, StoreError> {
         self.store
-            .transition(id, jobs_core::Resolution::Discard, tenant, self.clock.now())
+            .transition(
+                id,
+                jobs_core::Resolution::Discard,
+                tenant,
+                self.clock.now(),
+                &self.by,
+            )
             .await
     }
 }
@@ -171,12 +202,87 @@ impl DeadLetters {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::time::SystemTime;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use jobs_adapter_memory::{MemoryQueue, MemoryStore};
-    use jobs_core::{DeadLetterFilter, DeadLetterStore, NewDeadLetter, QueueName};
+    use jobs_core::{
+        CorrelationId, DeadLetterEvent, DeadLetterFilter, DeadLetterStatus, DeadLetterStore,
+        Envelope, ManualClock, NewDeadLetter, QueueName, TenantId, Transition,
+    };
 
-    use super::DeadLetters;
+    use super::{DeadLetters, Replayed};
+
+    fn letter(n: u32, payload: Vec<u8>) -> NewDeadLetter {
+        NewDeadLetter {
+            job_id: None,
+            queue: "billing.invoices".parse().expect("valid"),
+            consumer: None,
+            tenant_id: None,
+            kind: None,
+            correlation_id: None,
+            payload,
+            attempts: 1,
+            last_error: format!("letter {n}"),
+            dedup_key: None,
+            at: SystemTime::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn acting_as_is_who_the_store_records() {
+        let store = MemoryStore::default();
+        let tenant: TenantId = "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90"
+            .parse()
+            .expect("valid");
+        let envelope = Envelope::new(
+            tenant,
+            CorrelationId::generate(),
+            "billing.invoice_issued".parse().expect("valid"),
+            serde_json::json!({}),
+        );
+        let to_replay = store
+            .record(letter(1, envelope.to_json_bytes().expect("encodes")))
+            .await
+            .expect("record")
+            .id();
+        let to_discard = store
+            .record(letter(2, b"poison".to_vec()))
+            .await
+            .expect("record")
+            .id();
+        let at = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let ops = DeadLetters::new(Arc::new(store.clone()), Arc::new(MemoryQueue::default()))
+            .with_clock(Arc::new(ManualClock::new(at)));
+        let alice = ops.acting_as("jobsctl (alice)");
+        assert_eq!(
+            alice.replay(to_replay, None).await.expect("replays"),
+            Replayed::Done
+        );
+        assert_eq!(
+            ops.discard(to_discard, None).await.expect("discards"),
+            Transition::Done
+        );
+        assert_eq!(
+            store.history(to_replay).await.expect("reads"),
+            [DeadLetterEvent {
+                at,
+                from: DeadLetterStatus::PendingReview,
+                to: DeadLetterStatus::Replayed,
+                by: "jobsctl (alice)".to_owned(),
+            }],
+            "the copy records who it acts as"
+        );
+        assert_eq!(
+            store.history(to_discard).await.expect("reads"),
+            [DeadLetterEvent {
+                at,
+                from: DeadLetterStatus::PendingReview,
+                to: DeadLetterStatus::Discarded,
+                by: "jobs".to_owned(),
+            }],
+            "the original keeps the default"
+        );
+    }
 
     #[tokio::test]
     async fn matching_pages_through_every_letter_the_filter_selects() {

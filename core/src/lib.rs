@@ -64,9 +64,9 @@ pub use rate::MockRateLimiter;
 pub use rate::{Acquired, Bucket, BucketKey, RateLimitError, RateLimiter};
 pub use retry_after::{MAX_RETRY_AFTER, parse_http_date, parse_retry_after};
 pub use store::{
-    Claim, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
-    GroupTransaction, NewDeadLetter, ProcessedJobs, Recorded, Resolution, StoreError, Transition,
-    WorkStore, WorkTransaction,
+    Claim, DeadLetter, DeadLetterEvent, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
+    DeadLetterStore, GroupTransaction, NewDeadLetter, ProcessedJobs, Recorded, Resolution,
+    StoreError, Transition, WorkStore, WorkTransaction,
 };
 #[cfg(feature = "mock")]
 pub use store::{MockDeadLetterStore, MockProcessedJobs};

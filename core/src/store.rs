@@ -364,6 +364,21 @@ pub enum Transition {
     NotFound,
 }
 
+/// One status change of a dead letter, as the store recorded it: the audit trail an operator
+/// reads to learn who replayed or discarded a letter, when, and from which tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterEvent {
+    /// When the change was made: the `at` given to [`DeadLetterStore::transition`].
+    pub at: SystemTime,
+    /// The status it left (always `PendingReview` today, kept so the record stands alone).
+    pub from: DeadLetterStatus,
+    /// The status it reached.
+    pub to: DeadLetterStatus,
+    /// Who asked, as free text (`jobsctl (alice)`, `console (operator)`): recorded, never
+    /// interpreted.
+    pub by: String,
+}
+
 /// Dead letters: recorded by the runtime, reviewed, replayed or discarded by operators.
 #[cfg_attr(feature = "mock", mockall::automock)]
 #[async_trait]
@@ -389,13 +404,24 @@ pub trait DeadLetterStore: Send + Sync {
     /// tenant's. A letter never goes back to `PendingReview`. A replay also deletes the claim
     /// of the letter's job and consumer in `processed_jobs`, in the same transaction, so the
     /// replayed job can run.
+    ///
+    /// `by` says who asked (free text, such as `jobsctl (alice)` or `console (operator)`). A
+    /// transition that changes the status ([`Transition::Done`]) records a [`DeadLetterEvent`]
+    /// at `at` by `by`, atomically with the change, so the history never misses nor invents
+    /// one; an `AlreadyDone`, `Conflict` or `NotFound` records nothing.
     async fn transition(
         &self,
         id: DeadLetterId,
         to: Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
+        by: &str,
     ) -> Result<Transition, StoreError>;
+
+    /// The status changes of a dead letter, oldest first; empty for an unknown id. Not
+    /// tenant-scoped: a caller that serves one tenant checks the letter's tenant with
+    /// [`get`](Self::get) first.
+    async fn history(&self, id: DeadLetterId) -> Result<Vec<DeadLetterEvent>, StoreError>;
 }
 
 crate::error::port_error! {

@@ -111,7 +111,8 @@ pub(crate) async fn run(
         || Arc::new(MemoryQueue::default()) as Arc<dyn jobs_core::QueuePort>,
         |q| q.publisher.clone(),
     );
-    let ops = DeadLetters::new(store.dead_letters(), publisher);
+    let ops = DeadLetters::new(store.dead_letters(), publisher)
+        .acting_as(format!("jobsctl ({})", crate::operator()));
     let tenant = selection.tenant;
     let (ids, mut journal) = if selection.all {
         let filter = DeadLetterFilter {

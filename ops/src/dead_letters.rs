@@ -49,19 +49,35 @@ pub(crate) async fn list(
     Ok(())
 }
 
-/// Prints one letter in full: as text, or as JSON with `as_json`.
+/// Prints one letter in full, then its history (who replayed or discarded it, and when): as
+/// text, or as JSON with `as_json`.
 pub(crate) async fn show(
     store: &Store,
     id: DeadLetterId,
     as_json: bool,
     out: &mut impl Write,
 ) -> Result<()> {
-    let letter = store
-        .dead_letters()
+    let letters = store.dead_letters();
+    let letter = letters
         .get(id)
         .await?
         .with_context(|| format!("dead letter {id} not found"))?;
-    let value = to_json(&letter);
+    let history = letters
+        .history(id)
+        .await
+        .with_context(|| format!("reading the history of dead letter {id}"))?;
+    let mut value = to_json(&letter);
+    value["history"] = history
+        .iter()
+        .map(|event| {
+            json!({
+                "at": crate::cron::rfc3339(event.at),
+                "from": event.from.as_str(),
+                "to": event.to.as_str(),
+                "by": event.by,
+            })
+        })
+        .collect();
     if as_json {
         writeln!(out, "{}", serde_json::to_string_pretty(&value)?)?;
         return Ok(());
@@ -84,6 +100,21 @@ pub(crate) async fn show(
             other => other.to_string(),
         };
         writeln!(out, "{field:<15} {text}")?;
+    }
+    if history.is_empty() {
+        writeln!(out, "{:<15} -", "history")?;
+    } else {
+        writeln!(out, "history:")?;
+        for event in &history {
+            writeln!(
+                out,
+                "  {}  {} -> {}  {}",
+                crate::cron::rfc3339(event.at),
+                event.from,
+                event.to,
+                event.by
+            )?;
+        }
     }
     let indent = |text: &str| text.replace('\n', "\n  ");
     writeln!(out, "last error:\n  {}", indent(&letter.letter.last_error))?;

@@ -729,6 +729,14 @@ fn validate(file: &PathBuf, lines: bool, json: bool) -> ExitCode {
     }
 }
 
+/// Who runs this `jobsctl`, as dead-letter histories record it: `$USER`, else `unknown user`.
+fn operator() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|user| !user.is_empty())
+        .unwrap_or_else(|| "unknown user".to_owned())
+}
+
 fn block_on<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -40,9 +40,9 @@ use std::pin::Pin;
 use async_trait::async_trait;
 use jobs_consumers::{DeadLetters, Handler, Job, JobError, RetryPolicy, Worker, WorkerBuilder};
 use jobs_core::{
-    Claim, Clock, ConsumerName, ConsumerPort, DeadLetter, DeadLetterFilter, DeadLetterId,
-    DeadLetterStatus, DeadLetterStore, Delivery, Envelope, GroupTransaction, JobId, Lease,
-    ManualClock, NewDeadLetter, PublishOptions, PullPort, QueueDepth, QueueError, QueueName,
+    Claim, Clock, ConsumerName, ConsumerPort, DeadLetter, DeadLetterEvent, DeadLetterFilter,
+    DeadLetterId, DeadLetterStatus, DeadLetterStore, Delivery, Envelope, GroupTransaction, JobId,
+    Lease, ManualClock, NewDeadLetter, PublishOptions, PullPort, QueueDepth, QueueError, QueueName,
     QueuePort, Recorded, SettleInTransaction, SettlePort, Settlement, StoreError, TenantId,
     Transition, WorkStore, WorkTransaction,
 };
@@ -383,8 +383,12 @@ impl<S: DeadLetterStore> DeadLetterStore for MutantStore<S> {
         to: jobs_core::Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
+        by: &str,
     ) -> Result<Transition, StoreError> {
-        self.inner.transition(id, to, tenant, at).await
+        self.inner.transition(id, to, tenant, at, by).await
+    }
+    async fn history(&self, id: DeadLetterId) -> Result<Vec<DeadLetterEvent>, StoreError> {
+        self.inner.history(id).await
     }
 }
 

@@ -7,9 +7,9 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use jobs_core::{
-    Claim, ConsumerName, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
-    DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded, Resolution,
-    StoreError, TenantId, Transition, WorkStore, WorkTransaction,
+    Claim, ConsumerName, DeadLetter, DeadLetterEvent, DeadLetterFilter, DeadLetterId,
+    DeadLetterStatus, DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded,
+    Resolution, StoreError, TenantId, Transition, WorkStore, WorkTransaction,
 };
 use tokio::sync::Notify;
 
@@ -42,6 +42,8 @@ struct State {
     pending: HashSet<ClaimKey>,
     effects: Vec<String>,
     dead_letters: BTreeMap<DeadLetterId, DeadLetter>,
+    /// Each letter's status changes, oldest first, written under the same lock as the change.
+    history: HashMap<DeadLetterId, Vec<DeadLetterEvent>>,
     next_dead_letter: i64,
 }
 
@@ -346,6 +348,7 @@ impl DeadLetterStore for MemoryStore {
         to: Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
+        by: &str,
     ) -> Result<Transition, StoreError> {
         let to = to.status();
         let mut state = self.lock();
@@ -368,10 +371,20 @@ impl DeadLetterStore for MemoryStore {
                 if let Some(key) = released {
                     state.processed.remove(&key);
                 }
+                state.history.entry(id).or_default().push(DeadLetterEvent {
+                    at,
+                    from: DeadLetterStatus::PendingReview,
+                    to,
+                    by: by.to_owned(),
+                });
                 Transition::Done
             }
             current if current == to => Transition::AlreadyDone,
             current => Transition::Conflict(current),
         })
+    }
+
+    async fn history(&self, id: DeadLetterId) -> Result<Vec<DeadLetterEvent>, StoreError> {
+        Ok(self.lock().history.get(&id).cloned().unwrap_or_default())
     }
 }

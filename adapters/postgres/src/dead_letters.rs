@@ -5,8 +5,8 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use jobs_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, NewDeadLetter,
-    QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
+    DeadLetter, DeadLetterEvent, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
+    NewDeadLetter, QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Uuid;
@@ -243,26 +243,33 @@ impl DeadLetterStore for PgStore {
     /// One `UPDATE ... WHERE status = 'pending_review'` (and the tenant, when given); when it
     /// changes nothing, a read tells `AlreadyDone`, `Conflict` and `NotFound` apart. Another
     /// tenant's letter is `NotFound` whatever its status, so its existence is not revealed.
+    /// The event is inserted by the same statement, from the rows the update returned, so it
+    /// exists exactly when the change does.
     async fn transition(
         &self,
         id: DeadLetterId,
         to: Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
+        by: &str,
     ) -> Result<Transition, StoreError> {
         let to = to.status();
         let tenant = tenant.map(|t| t.as_uuid());
-        // One statement: the status change and, for a replay, the release of the claim.
+        // One statement: the status change, for a replay the release of the claim, and the
+        // event. The update only moves pending letters, so `pending_review` is the old status.
         let moved: i64 = sqlx::query_scalar(
             "with moved as ( \
                  update core.dead_letters set status = $1, updated_at = $2 \
                  where id = $3 and status = 'pending_review' \
                    and ($4::uuid is null or tenant_id = $4) \
-                 returning job_id, consumer \
+                 returning id, job_id, consumer \
              ), released as ( \
                  delete from core.processed_jobs p using moved \
                  where $1 = 'replayed' and p.job_id = moved.job_id \
                    and p.consumer = moved.consumer \
+             ), logged as ( \
+                 insert into core.dead_letter_events (letter_id, at, from_status, to_status, \"by\") \
+                 select moved.id, $2, 'pending_review', $1, $5 from moved \
              ) \
              select count(*) from moved",
         )
@@ -270,6 +277,7 @@ impl DeadLetterStore for PgStore {
         .bind(to_timestamp(at)?)
         .bind(id.0)
         .bind(tenant)
+        .bind(by)
         .fetch_one(self.pool())
         .await
         .map_err(|e| store_error("update core.dead_letters", e))?;
@@ -295,5 +303,26 @@ impl DeadLetterStore for PgStore {
             ))),
             current => Ok(Transition::Conflict(current)),
         }
+    }
+
+    async fn history(&self, id: DeadLetterId) -> Result<Vec<DeadLetterEvent>, StoreError> {
+        let rows: Vec<(DateTime<Utc>, String, String, String)> = sqlx::query_as(
+            "select at, from_status, to_status, \"by\" from core.dead_letter_events \
+             where letter_id = $1 order by id",
+        )
+        .bind(id.0)
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| store_error("read core.dead_letter_events", e))?;
+        rows.into_iter()
+            .map(|(at, from, to, by)| {
+                Ok(DeadLetterEvent {
+                    at: from_timestamp(at)?,
+                    from: parse(id.0, "history from_status", &from)?,
+                    to: parse(id.0, "history to_status", &to)?,
+                    by,
+                })
+            })
+            .collect()
     }
 }

@@ -4,8 +4,8 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use jobs_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, NewDeadLetter,
-    QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
+    DeadLetter, DeadLetterEvent, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
+    NewDeadLetter, QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, SqliteConnection};
@@ -226,16 +226,20 @@ impl DeadLetterStore for SqliteStore {
     /// One `UPDATE ... WHERE status = 'pending_review'` (and the tenant, when given); when it
     /// changes nothing, a read tells `AlreadyDone`, `Conflict` and `NotFound` apart. Another
     /// tenant's letter is `NotFound` whatever its status, so its existence is not revealed.
+    /// The event is inserted in the same transaction as the change, only when a row moved.
     async fn transition(
         &self,
         id: DeadLetterId,
         to: Resolution,
         tenant: Option<TenantId>,
         at: SystemTime,
+        by: &str,
     ) -> Result<Transition, StoreError> {
         let to = to.status();
         let tenant = tenant.map(|t| t.to_string());
-        // The status change and, for a replay, the release of the claim, in one transaction.
+        let at = to_millis(at)?;
+        // The status change, for a replay the release of the claim, and the event, in one
+        // transaction.
         let mut tx = self
             .pool()
             .begin_with("BEGIN IMMEDIATE")
@@ -248,13 +252,25 @@ impl DeadLetterStore for SqliteStore {
              returning job_id, consumer",
         )
         .bind(to.as_str())
-        .bind(to_millis(at)?)
+        .bind(at)
         .bind(id.0)
         .bind(tenant.as_deref())
         .fetch_optional(&mut *tx)
         .await
         .map_err(|e| store_error("update dead_letters", e))?;
         if let Some((job_id, consumer)) = moved {
+            // The update only moves pending letters, so `pending_review` is the old status.
+            sqlx::query(
+                "insert into dead_letter_events (letter_id, at, from_status, to_status, \"by\") \
+                 values (?1, ?2, 'pending_review', ?3, ?4)",
+            )
+            .bind(id.0)
+            .bind(at)
+            .bind(to.as_str())
+            .bind(by)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| store_error("insert into dead_letter_events", e))?;
             if let (DeadLetterStatus::Replayed, Some(job_id), Some(consumer)) =
                 (to, job_id, consumer)
             {
@@ -292,5 +308,26 @@ impl DeadLetterStore for SqliteStore {
             ))),
             current => Ok(Transition::Conflict(current)),
         }
+    }
+
+    async fn history(&self, id: DeadLetterId) -> Result<Vec<DeadLetterEvent>, StoreError> {
+        let rows: Vec<(i64, String, String, String)> = sqlx::query_as(
+            "select at, from_status, to_status, \"by\" from dead_letter_events \
+             where letter_id = ?1 order by id",
+        )
+        .bind(id.0)
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| store_error("read dead_letter_events", e))?;
+        rows.into_iter()
+            .map(|(at, from, to, by)| {
+                Ok(DeadLetterEvent {
+                    at: from_millis(at)?,
+                    from: parse(id.0, "history from_status", &from)?,
+                    to: parse(id.0, "history to_status", &to)?,
+                    by,
+                })
+            })
+            .collect()
     }
 }

@@ -260,6 +260,7 @@ async fn review(
         jobs_core::Resolution::Replay,
         None,
         SystemTime::now(),
+        "crash test",
     )
     .await
     .expect("mark");

@@ -115,12 +115,62 @@ async fn migrate_then_review_and_discard_dead_letters_on_sqlite() {
         "raw bytes shown intact"
     );
 
-    let discard = jobsctl(&["dead-letters", "discard", "1", "--database-url", &url]);
+    assert_eq!(json["history"], serde_json::json!([]), "no history yet");
+
+    let discard = jobsctl_with(
+        &["dead-letters", "discard", "1", "--database-url", &url],
+        &[("USER", "alice")],
+    );
     assert!(discard.status.success(), "{discard:?}");
-    let again = jobsctl(&["dead-letters", "discard", "1", "--database-url", &url]);
+    let again = jobsctl_with(
+        &["dead-letters", "discard", "1", "--database-url", &url],
+        &[("USER", "bob")],
+    );
     assert!(
         again.status.success() && stdout(&again).contains("already discarded"),
         "{again:?}"
+    );
+
+    // the discard is in the letter's history, once, with who did it; the repeat is not
+    let shown = jobsctl(&["dead-letters", "show", "1", "--database-url", &url]);
+    assert!(shown.status.success(), "{shown:?}");
+    let text = stdout(&shown);
+    let events: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "history:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert_eq!(events.len(), 1, "{text}");
+    assert!(
+        events[0].ends_with("  pending_review -> discarded  jobsctl (alice)"),
+        "{text}"
+    );
+    let shown = jobsctl(&[
+        "dead-letters",
+        "show",
+        "1",
+        "--json",
+        "--database-url",
+        &url,
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("show prints JSON");
+    let history = json["history"].as_array().expect("a history array");
+    assert_eq!(history.len(), 1, "{json}");
+    assert_eq!(
+        (&history[0]["from"], &history[0]["to"], &history[0]["by"]),
+        (
+            &serde_json::json!("pending_review"),
+            &serde_json::json!("discarded"),
+            &serde_json::json!("jobsctl (alice)")
+        ),
+        "{json}"
+    );
+    assert!(
+        history[0]["at"]
+            .as_str()
+            .is_some_and(|at| at.ends_with('Z')),
+        "{json}"
     );
     let missing = jobsctl(&["dead-letters", "discard", "99", "--database-url", &url]);
     assert_eq!(missing.status.code(), Some(1), "{missing:?}");

@@ -66,7 +66,7 @@ fn the_runtime_keeps_every_invariant_on_postgres() {
             async move {
                 // Each case runs in its own async runtime, so it gets its own pool.
                 let pool = db.pool().await;
-                sqlx::query("truncate core.processed_jobs, core.dead_letters, model_effects")
+                sqlx::query("truncate core.processed_jobs, core.dead_letter_events, core.dead_letters, model_effects")
                     .execute(&pool)
                     .await
                     .expect("empty the tables");

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jobs_core::{
-    Claim, ConsumerName, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
-    DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded, StoreError,
-    Transition, WorkStore, WorkTransaction,
+    Claim, ConsumerName, DeadLetter, DeadLetterEvent, DeadLetterFilter, DeadLetterId,
+    DeadLetterStatus, DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded,
+    StoreError, Transition, WorkStore, WorkTransaction,
 };
 
 use crate::fixtures;
@@ -43,6 +43,7 @@ where
     paginates_dead_letters_with_a_cursor(make().await).await;
     lists_dead_letters_newest_first_and_finds_them_by_id(make().await).await;
     transitions_dead_letters_once(make().await).await;
+    records_the_history_of_each_transition(make().await).await;
     transitions_only_the_tenants_dead_letters(make().await).await;
     purges_processed_jobs_in_bounded_batches(make().await).await;
     a_dead_letter_settles_the_claim_until_replayed(make().await).await;
@@ -191,12 +192,53 @@ async fn transition<S: DeadLetterStore>(
     tenant: Option<u32>,
     at: SystemTime,
 ) -> Transition {
+    transition_by(check, store, id, to, tenant, at, "contract").await
+}
+
+/// [`transition`] on behalf of `by`.
+async fn transition_by<S: DeadLetterStore>(
+    check: &str,
+    store: &S,
+    id: DeadLetterId,
+    to: DeadLetterStatus,
+    tenant: Option<u32>,
+    at: SystemTime,
+    by: &str,
+) -> Transition {
     let to = jobs_core::Resolution::try_from(to)
         .unwrap_or_else(|s| panic!("{check}: {s:?} is no resolution"));
     store
-        .transition(id, to, tenant.map(fixtures::tenant), at)
+        .transition(id, to, tenant.map(fixtures::tenant), at, by)
         .await
         .unwrap_or_else(|e| panic!("{check}: transition: {e}"))
+}
+
+/// The history of a letter, its times truncated to milliseconds.
+async fn history<S: DeadLetterStore>(
+    check: &str,
+    store: &S,
+    id: DeadLetterId,
+) -> Vec<DeadLetterEvent> {
+    store
+        .history(id)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: history of {id}: {e}"))
+        .into_iter()
+        .map(|mut event| {
+            event.at = truncate_ms(event.at);
+            event
+        })
+        .collect()
+}
+
+/// The event of a move out of `PendingReview` to `to`, at `at` (in milliseconds) by `by`.
+fn moved(to: DeadLetterStatus, at: SystemTime, by: &str) -> DeadLetterEvent {
+    DeadLetterEvent {
+        at: truncate_ms(at),
+        from: DeadLetterStatus::PendingReview,
+        to,
+        by: by.to_owned(),
+    }
 }
 
 fn new_id(check: &str, recorded: Recorded) -> DeadLetterId {
@@ -994,6 +1036,174 @@ pub async fn transitions_dead_letters_once<S: DeadLetterStore>(store: S) {
         .await,
         Transition::NotFound,
         "{check}: unknown id"
+    );
+}
+
+/// Every change of status is in the letter's history, with its time and who asked, and only
+/// the changes: a repeated command, a conflict, another tenant's attempt and an unknown id
+/// record nothing. Events come oldest first; a letter leaves `PendingReview` once, so it has at
+/// most one, and the check compares whole histories so a duplicate would show.
+pub async fn records_the_history_of_each_transition<S: DeadLetterStore>(store: S) {
+    let check = "records_the_history_of_each_transition";
+    let q = queue("history");
+    let replayed = new_id(check, record(check, &store, letter(&q, 1, None)).await);
+    let discarded = new_id(check, record(check, &store, letter(&q, 2, None)).await);
+    let scoped = new_id(check, record(check, &store, letter(&q, 3, None)).await);
+    assert_eq!(
+        history(check, &store, replayed).await,
+        [],
+        "{check}: a pending letter has no history"
+    );
+
+    let alice = "jobsctl (alice)";
+    assert_eq!(
+        transition_by(
+            check,
+            &store,
+            replayed,
+            DeadLetterStatus::Replayed,
+            None,
+            time(60),
+            alice
+        )
+        .await,
+        Transition::Done,
+        "{check}: pending to replayed"
+    );
+    assert_eq!(
+        transition_by(
+            check,
+            &store,
+            replayed,
+            DeadLetterStatus::Replayed,
+            None,
+            time(70),
+            "jobsctl (bob)"
+        )
+        .await,
+        Transition::AlreadyDone,
+        "{check}: a repeated replay"
+    );
+    let replay_event = || moved(DeadLetterStatus::Replayed, time(60), alice);
+    assert_eq!(
+        history(check, &store, replayed).await,
+        [replay_event()],
+        "{check}: one event for a replay, none for its repeat"
+    );
+
+    let operator = "console (operator)";
+    assert_eq!(
+        transition_by(
+            check,
+            &store,
+            discarded,
+            DeadLetterStatus::Discarded,
+            None,
+            time(80),
+            operator
+        )
+        .await,
+        Transition::Done,
+        "{check}: pending to discarded"
+    );
+    let discard_event = || moved(DeadLetterStatus::Discarded, time(80), operator);
+    assert_eq!(
+        history(check, &store, discarded).await,
+        [discard_event()],
+        "{check}: one event for a discard"
+    );
+
+    for (id, to, current) in [
+        (
+            replayed,
+            DeadLetterStatus::Discarded,
+            DeadLetterStatus::Replayed,
+        ),
+        (
+            discarded,
+            DeadLetterStatus::Replayed,
+            DeadLetterStatus::Discarded,
+        ),
+    ] {
+        assert_eq!(
+            transition_by(check, &store, id, to, None, time(90), "jobsctl (mallory)").await,
+            Transition::Conflict(current),
+            "{check}: {current} letter {id} moved to {to}"
+        );
+    }
+    assert_eq!(
+        history(check, &store, replayed).await,
+        [replay_event()],
+        "{check}: a conflict records nothing"
+    );
+    assert_eq!(
+        history(check, &store, discarded).await,
+        [discard_event()],
+        "{check}: a conflict records nothing"
+    );
+
+    assert_eq!(
+        transition_by(
+            check,
+            &store,
+            scoped,
+            DeadLetterStatus::Discarded,
+            Some(2),
+            time(100),
+            "console (tenant 2)"
+        )
+        .await,
+        Transition::NotFound,
+        "{check}: another tenant's letter"
+    );
+    assert_eq!(
+        history(check, &store, scoped).await,
+        [],
+        "{check}: another tenant's attempt records nothing"
+    );
+    assert_eq!(
+        transition_by(
+            check,
+            &store,
+            scoped,
+            DeadLetterStatus::Discarded,
+            Some(1),
+            time(110),
+            "console (tenant 1)"
+        )
+        .await,
+        Transition::Done,
+        "{check}: the tenant's own letter"
+    );
+    assert_eq!(
+        history(check, &store, scoped).await,
+        [moved(
+            DeadLetterStatus::Discarded,
+            time(110),
+            "console (tenant 1)"
+        )],
+        "{check}: the tenant's own change is recorded"
+    );
+
+    let unknown = DeadLetterId(i64::MAX);
+    assert_eq!(
+        transition_by(
+            check,
+            &store,
+            unknown,
+            DeadLetterStatus::Replayed,
+            None,
+            time(120),
+            alice
+        )
+        .await,
+        Transition::NotFound,
+        "{check}: unknown id"
+    );
+    assert_eq!(
+        history(check, &store, unknown).await,
+        [],
+        "{check}: an unknown id has no history"
     );
 }
 

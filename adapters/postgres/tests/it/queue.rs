@@ -621,7 +621,7 @@ async fn model_case(
     } else {
         connect(4).await.expect("connect")
     };
-    sqlx::query("truncate core.jobs, core.processed_jobs, core.dead_letters, model_effects")
+    sqlx::query("truncate core.jobs, core.processed_jobs, core.dead_letter_events, core.dead_letters, model_effects")
         .execute(&pool)
         .await
         .expect("empty the tables");
