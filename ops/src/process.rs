@@ -4,7 +4,8 @@
 //! binary passes, then the environment, then `jobs.toml`, then defaults), opens the store
 //! its handlers are typed for ([`ProcessStore`]) with one connection pool sized for every
 //! queue's worker, runs them, and serves `/healthz`, `/readyz` and `/metrics` on
-//! [`HTTP_ADDR`]. SIGTERM or SIGINT stops it: `/readyz` answers 503 at once, fetching stops,
+//! [`HTTP_ADDR`], with the operations console beside them when [`CONSOLE_TOKENS`] is set
+//! ([`crate::console`]). SIGTERM or SIGINT stops it: `/readyz` answers 503 at once, fetching stops,
 //! in-flight jobs finish within [`SHUTDOWN_GRACE`], what was fetched and not started is given
 //! back, and [`WorkerProcess::run`] returns `Ok`. A second signal exits at once.
 //!
@@ -78,9 +79,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::compose::{
-    self, CONCURRENCY, CRON, ComposeError, Config, DATABASE_URL, FAIR, HTTP_ADDR, Key, LOG_FORMAT,
-    OUTBOX_RELAY, QUEUE_URL, Queue, SHUTDOWN_GRACE,
+    self, CONCURRENCY, CONSOLE_TOKENS, CRON, ComposeError, Config, DATABASE_URL, FAIR, HTTP_ADDR,
+    Key, LOG_FORMAT, OUTBOX_RELAY, QUEUE_URL, Queue, SHUTDOWN_GRACE,
 };
+use crate::console::{Console, ConsoleToken};
 
 /// How often the background check behind `/readyz` asks the store and the queue.
 pub const READINESS_EVERY: Duration = Duration::from_secs(5);
@@ -767,6 +769,7 @@ where
             })?;
             workers.push(Arc::new(worker));
         }
+        let console = console_router(&config, &opened, &workers)?;
         // The standing loops are set up before anything starts, so a refusal leaves nothing
         // running.
         let mut loops: Vec<Standing> = Vec::new();
@@ -798,7 +801,8 @@ where
         let push = match opened.push.take() {
             Some(routes) => routes(&workers)?,
             None => Router::new(),
-        };
+        }
+        .merge(console);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ProcessError::Listen {
@@ -1174,6 +1178,43 @@ fn switch(config: &Config, key: &Key) -> Result<bool, ProcessError> {
         "off" => Ok(false),
         other => Err(refused(key, &format!("`{other}` is neither on nor off"))),
     }
+}
+
+/// The operations console on the process's address, when [`CONSOLE_TOKENS`] is set: over the
+/// process's store and transport, showing its workers' queues. Refused beside a push
+/// transport, whose delivery routes the address serves.
+fn console_router<S: ProcessStore>(
+    config: &Config,
+    opened: &Opened<S>,
+    workers: &[Arc<Worker<S>>],
+) -> Result<Router, ProcessError>
+where
+    S::Tx: Send,
+{
+    let Some(list) = config.get(&CONSOLE_TOKENS) else {
+        return Ok(Router::new());
+    };
+    if opened.push.is_some() {
+        return Err(refused(
+            &CONSOLE_TOKENS,
+            "this process serves a push transport's deliveries on its address; run `jobsctl \
+             console` beside it instead",
+        ));
+    }
+    let tokens: Vec<ConsoleToken> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::parse)
+        .collect::<Result<_, String>>()
+        .map_err(|e| refused(&CONSOLE_TOKENS, &e))?;
+    let store: Arc<dyn DeadLetterStore> = Arc::new(opened.store.clone());
+    let mut console = Console::new(store, opened.publisher.clone(), tokens);
+    if let Some(depth) = &opened.depth {
+        let queues = workers.iter().map(|w| w.queue().clone()).collect();
+        console = console.depth(depth.clone(), queues);
+    }
+    Ok(console.router())
 }
 
 /// The queues [`FAIR`] names, each with its fairness: `QUEUE` or `QUEUE=LIMIT`.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context as _, Result, bail};
 
 /// The oldest Node.js the SDKs support (each declares `engines.node >= 20`).
-const MIN_NODE: u32 = 20;
+pub(crate) const MIN_NODE: u32 = 20;
 /// How long a fake or the emulator may take to announce its address.
 const STARTUP: Duration = Duration::from_secs(30);
 /// How long the whole Node suite may run before it is stopped: it normally takes well under a
@@ -49,23 +49,7 @@ const CLEARED: &[&str] = &[
 /// the SDKs accept every fake.
 pub(crate) fn run(root: &Path) -> Result<Vec<String>> {
     let dir = root.join("conformance");
-    let mut problems = Vec::new();
-    for (tool, fix) in [
-        ("node", format!("install Node.js {MIN_NODE} or newer")),
-        ("npm", "install npm (it ships with Node.js)".to_owned()),
-    ] {
-        match version(tool) {
-            Some(found) if tool == "node" && node_major(&found).is_none_or(|m| m < MIN_NODE) => {
-                problems.push(format!(
-                    "the conformance suite needs Node.js {MIN_NODE} or newer, found {found}: {fix}"
-                ));
-            }
-            Some(_) => {}
-            None => problems.push(format!(
-                "the conformance suite needs `{tool}` on PATH to run the vendors' SDKs: {fix}"
-            )),
-        }
-    }
+    let problems = node_problems("the conformance suite", "to run the vendors' SDKs");
     if !problems.is_empty() {
         return Ok(problems);
     }
@@ -110,8 +94,29 @@ pub(crate) fn run(root: &Path) -> Result<Vec<String>> {
     })
 }
 
+/// What keeps `suite` from running Node.js tests (`why`: what it needs them for): Node.js
+/// [`MIN_NODE`] or newer and npm on `PATH`; one message per problem.
+pub(crate) fn node_problems(suite: &str, why: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (tool, fix) in [
+        ("node", format!("install Node.js {MIN_NODE} or newer")),
+        ("npm", "install npm (it ships with Node.js)".to_owned()),
+    ] {
+        match version(tool) {
+            Some(found) if tool == "node" && node_major(&found).is_none_or(|m| m < MIN_NODE) => {
+                problems.push(format!(
+                    "{suite} needs Node.js {MIN_NODE} or newer, found {found}: {fix}"
+                ));
+            }
+            Some(_) => {}
+            None => problems.push(format!("{suite} needs `{tool}` on PATH {why}: {fix}")),
+        }
+    }
+    problems
+}
+
 /// `tool --version`, trimmed, or `None` when it does not run.
-fn version(tool: &str) -> Option<String> {
+pub(crate) fn version(tool: &str) -> Option<String> {
     let output = Command::new(tool)
         .arg("--version")
         .stdin(Stdio::null())
@@ -125,7 +130,7 @@ fn version(tool: &str) -> Option<String> {
 }
 
 /// The major version in `node --version`'s answer (`v20.20.2` → 20).
-fn node_major(version: &str) -> Option<u32> {
+pub(crate) fn node_major(version: &str) -> Option<u32> {
     version
         .trim()
         .strip_prefix('v')?
@@ -144,7 +149,7 @@ fn stale(installed: Option<SystemTime>, lock: SystemTime) -> bool {
 
 /// Runs `npm ci` in `dir` when the locked SDKs are not installed as locked; a problem message
 /// when it fails.
-fn install_sdks(dir: &Path) -> Result<Option<String>> {
+pub(crate) fn install_sdks(dir: &Path) -> Result<Option<String>> {
     let lock = dir.join("package-lock.json");
     let locked = std::fs::metadata(&lock)
         .and_then(|m| m.modified())
@@ -155,7 +160,10 @@ fn install_sdks(dir: &Path) -> Result<Option<String>> {
     if !stale(installed, locked) {
         return Ok(None);
     }
-    println!("conformance: npm ci (the locked SDKs are not installed)");
+    println!(
+        "npm ci in {} (the locked packages are not installed)",
+        dir.display()
+    );
     let status = Command::new("npm")
         .args(["ci", "--no-audit", "--no-fund"])
         .current_dir(dir)
@@ -164,15 +172,15 @@ fn install_sdks(dir: &Path) -> Result<Option<String>> {
         .context("run npm ci")?;
     Ok((!status.success()).then(|| {
         format!(
-            "`npm ci` in {} failed ({status}): the suite needs the SDKs of its lock file; check \
-             that the npm registry is reachable, then re-run",
+            "`npm ci` in {} failed ({status}): the suite needs the packages of its lock file; \
+             check that the npm registry is reachable, then re-run",
             dir.display()
         )
     }))
 }
 
 /// The suite's test files, `conformance/test/*.test.mjs`, relative to `dir`, sorted.
-fn test_files(dir: &Path) -> Result<Vec<String>> {
+pub(crate) fn test_files(dir: &Path) -> Result<Vec<String>> {
     let test_dir = dir.join("test");
     let mut files = Vec::new();
     for entry in
@@ -188,38 +196,42 @@ fn test_files(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// The cargo that runs us (`cargo xtask` sets `CARGO`), so the toolchain stays the same.
-fn cargo() -> OsString {
+pub(crate) fn cargo() -> OsString {
     std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
 }
 
 /// Builds the `jobs-fakes` binary and returns its path, wherever the target directory is.
 fn build_fakes(root: &Path) -> Result<PathBuf> {
-    println!("conformance: cargo build -p jobs-testkit --bin jobs-fakes");
+    build_executable(root, "jobs-testkit", "--bin", "jobs-fakes")
+}
+
+/// Builds target `name` of `package` (`kind`: `--bin` or `--example`) and returns its
+/// executable's path, wherever the target directory is.
+pub(crate) fn build_executable(
+    root: &Path,
+    package: &str,
+    kind: &str,
+    name: &str,
+) -> Result<PathBuf> {
+    println!("cargo build -p {package} {kind} {name}");
     let output = Command::new(cargo())
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "jobs-testkit",
-            "--bin",
-            "jobs-fakes",
-            "--message-format=json-render-diagnostics",
-        ])
+        .args(["build", "--quiet", "-p", package, kind, name])
+        .arg("--message-format=json-render-diagnostics")
         .current_dir(root)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .context("run cargo build for jobs-fakes")?;
+        .with_context(|| format!("run cargo build for {name}"))?;
     if !output.status.success() {
-        bail!("building jobs-fakes failed ({})", output.status);
+        bail!("building {name} failed ({})", output.status);
     }
-    executable(&String::from_utf8_lossy(&output.stdout), "jobs-fakes")
-        .context("cargo build reported no jobs-fakes executable")
+    executable(&String::from_utf8_lossy(&output.stdout), name)
+        .with_context(|| format!("cargo build reported no {name} executable"))
 }
 
 /// The executable cargo built for the binary target `name`, from `--message-format=json`
 /// lines.
-fn executable(messages: &str, name: &str) -> Option<PathBuf> {
+pub(crate) fn executable(messages: &str, name: &str) -> Option<PathBuf> {
     messages
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
@@ -237,7 +249,7 @@ fn emulator_python(root: &Path) -> PathBuf {
 /// The servers the suite talks to, killed when dropped: also on an error or a panic, so a
 /// failed run leaves nothing listening.
 #[derive(Default)]
-struct Servers {
+pub(crate) struct Servers {
     children: Vec<(String, Child)>,
     /// The emulator's stdin, kept open while it runs (testkit's wrapper exits when it closes).
     stdins: Vec<ChildStdin>,
@@ -257,7 +269,7 @@ impl Drop for Servers {
 
 impl Servers {
     /// Starts `command` with its stdout piped; it is killed with the others.
-    fn spawn(&mut self, name: &str, command: &mut Command) -> Result<&mut Child> {
+    pub(crate) fn spawn(&mut self, name: &str, command: &mut Command) -> Result<&mut Child> {
         let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -274,7 +286,11 @@ impl Servers {
 
 /// Reads `child`'s stdout lines until `done` says the announcement is complete, at most
 /// [`STARTUP`]; the rest of its output is then read and dropped so it never blocks.
-fn announcement(name: &str, child: &mut Child, done: fn(&str) -> bool) -> Result<Vec<String>> {
+pub(crate) fn announcement(
+    name: &str,
+    child: &mut Child,
+    done: fn(&str) -> bool,
+) -> Result<Vec<String>> {
     let stdout = child.stdout.take().context("piped stdout")?;
     let (lines, announced) = mpsc::channel();
     std::thread::spawn(move || {
@@ -427,7 +443,7 @@ fn start_servers(
 }
 
 /// How the Node suite ended.
-enum Suite {
+pub(crate) enum Suite {
     Passed,
     Failed(std::process::ExitStatus),
     TimedOut,
@@ -435,7 +451,11 @@ enum Suite {
 
 /// Runs `node --test` on `tests` in `dir` with `env`, output streamed; stopped after
 /// [`SUITE_LIMIT`].
-fn run_suite(dir: &Path, tests: &[String], env: &[(&'static str, String)]) -> Result<Suite> {
+pub(crate) fn run_suite(
+    dir: &Path,
+    tests: &[String],
+    env: &[(&'static str, String)],
+) -> Result<Suite> {
     let mut command = Command::new("node");
     command
         .args(["--test", "--test-concurrency=8", "--test-timeout=60000"])

@@ -2,6 +2,7 @@
 //! check in order, stopping at the first failure, with a summary that says how to re-run it.
 
 mod adr;
+mod browser;
 mod conformance;
 mod deps;
 mod emulators;
@@ -21,7 +22,8 @@ Usage: cargo xtask <command>
 
 Commands:
   ci      run every CI check in order: fmt, deps, adr, packaging, services, emulators, clippy,
-          schema, features, test, conformance (the vendors' Node SDKs against the fakes), doc
+          schema, features, test, conformance (the vendors' Node SDKs against the fakes),
+          browser (the console in Chromium), doc
   schema  regenerate the committed JSON schema of jobs-core from the code
   emulators
           install the vendors' emulators the tests run (Vercel Queues) into .venv
@@ -255,6 +257,7 @@ fn plan(nextest: bool) -> Vec<Step> {
             ],
         ),
         check("conformance", conformance::run),
+        check("browser", browser::run),
         run(
             "doc",
             &[Cmd {
@@ -457,6 +460,7 @@ mod tests {
                 "features",
                 "test",
                 "conformance",
+                "browser",
                 "doc"
             ]
         );

@@ -626,6 +626,14 @@ fn letter_row(letter: &DeadLetter) -> String {
     )
 }
 
+/// Who a session's changes are recorded as, in the letter's history.
+fn who(session: &Session) -> String {
+    match session.tenant {
+        Some(tenant) => format!("console (tenant {tenant})"),
+        None => "console (operator)".to_owned(),
+    }
+}
+
 /// The letter `id` as `session` may see it: another tenant's is no letter at all.
 async fn visible(
     console: &Console,
@@ -710,6 +718,29 @@ async fn letter(State(console): Shared, headers: HeaderMap, Path(id): Path<i64>)
             ));
         }
     }
+    body.push_str("<h2>History</h2>");
+    match console.dead_letters.history(letter.id).await {
+        Ok(events) if events.is_empty() => {
+            body.push_str("<p class=\"note\">Dead-lettered; not reviewed yet.</p>");
+        }
+        Ok(events) => {
+            body.push_str("<table id=\"history\"><tr><th>when</th><th>change</th><th>by</th></tr>");
+            for event in events {
+                body.push_str(&format!(
+                    "<tr><td>{}</td><td>{} → {}</td><td>{}</td></tr>",
+                    time(event.at),
+                    event.from.as_str(),
+                    event.to.as_str(),
+                    escape(&event.by)
+                ));
+            }
+            body.push_str("</table>");
+        }
+        Err(e) => body.push_str(&format!(
+            "<p class=\"error\">The history could not be read: {}</p>",
+            escape(&e.to_string())
+        )),
+    }
     if letter.status == DeadLetterStatus::PendingReview {
         let csrf = escape(&session.csrf);
         body.push_str(&format!(
@@ -741,6 +772,7 @@ async fn replay(
     };
     match console
         .actions
+        .acting_as(who(&session))
         .replay(DeadLetterId(id), session.tenant)
         .await
     {
@@ -772,6 +804,7 @@ async fn discard(
     };
     match console
         .actions
+        .acting_as(who(&session))
         .discard(DeadLetterId(id), session.tenant)
         .await
     {

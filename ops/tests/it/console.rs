@@ -255,6 +255,10 @@ async fn an_operator_sees_counts_by_error_and_replays_a_letter_onto_its_queue() 
         after.contains("status-replayed"),
         "the page shows the new status"
     );
+    assert!(
+        after.contains("pending_review → replayed</td><td>console (operator)</td>"),
+        "the history names who replayed it: {after}"
+    );
     assert!(!after.contains("id=\"replay\""), "no second replay button");
 }
 

@@ -760,3 +760,38 @@ async fn readyz_answers_503_while_the_store_does_not() {
     pool.close().await;
     db.drop_db().await;
 }
+
+/// With `JOBS_CONSOLE_TOKENS`, the process serves the operations console on its address,
+/// behind sign-in, beside its probes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_with_console_tokens_serves_the_console_behind_sign_in() {
+    let (db, pool) = TestDb::migrated().await;
+    let port = free_port();
+    let process = counting(
+        &db,
+        port,
+        &[("JOBS_CONSOLE_TOKENS", "process-console-token-0123")],
+        &Counted::default(),
+    )
+    .await;
+    let (status, body) = eventually("the console's sign-in", async || get(port, "/").await).await;
+    assert_eq!(status, 401, "no session: {body}");
+    assert!(body.contains("Sign in"), "{body}");
+    let (healthz, _) = eventually("/healthz", async || get(port, "/healthz").await).await;
+    assert_eq!(healthz, 200, "the probes are still there");
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client");
+    let signed_in = client
+        .post(format!("http://127.0.0.1:{port}/login"))
+        .form(&[("token", "process-console-token-0123")])
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(signed_in.status(), reqwest::StatusCode::SEE_OTHER);
+    assert!(signed_in.headers().get("set-cookie").is_some());
+    process.stop().await;
+    pool.close().await;
+    db.drop_db().await;
+}
