@@ -31,8 +31,14 @@ async fn send(
     sent
 }
 
-#[tokio::test]
-async fn marketing_waits_while_transactional_is_deep_and_nothing_is_lost() {
+/// The email rails on one memory queue, and the gate over its marketing rail (pausing above
+/// 100 transactional jobs, resuming at 10).
+fn gated() -> (
+    MemoryQueue,
+    QueueName,
+    QueueName,
+    TransactionalFirst<MemoryQueue>,
+) {
     let queue = MemoryQueue::new(Arc::new(ManualClock::default()));
     let transactional = jobs_notifications::transactional("email").expect("valid");
     let marketing = jobs_notifications::marketing("email").expect("valid");
@@ -42,6 +48,12 @@ async fn marketing_waits_while_transactional_is_deep_and_nothing_is_lost() {
         transactional.clone(),
         PriorityGate::new(100, 10).expect("hysteresis"),
     );
+    (queue, transactional, marketing, layered)
+}
+
+#[tokio::test]
+async fn marketing_waits_while_transactional_is_deep_and_nothing_is_lost() {
+    let (queue, transactional, marketing, layered) = gated();
     let mut published: HashSet<JobId> = HashSet::new();
     let publish = async |name: &QueueName, n: u64| {
         let envelope = fixtures::envelope_with(1, "notif.email", serde_json::json!({ "n": n }));
@@ -107,15 +119,7 @@ async fn marketing_waits_while_transactional_is_deep_and_nothing_is_lost() {
 /// another's newsletter.
 #[tokio::test]
 async fn the_gate_forwards_fairness_to_the_transport() {
-    let queue = MemoryQueue::new(Arc::new(ManualClock::default()));
-    let transactional = jobs_notifications::transactional("email").expect("valid");
-    let marketing = jobs_notifications::marketing("email").expect("valid");
-    let layered = TransactionalFirst::new(
-        Arc::new(queue.clone()),
-        Arc::new(queue.clone()),
-        transactional,
-        PriorityGate::new(100, 10).expect("hysteresis"),
-    );
+    let (queue, _, marketing, layered) = gated();
     layered
         .share_by_tenant(&marketing, jobs_core::TenantFairness::round_robin())
         .expect("the memory queue shares its queues out");

@@ -16,13 +16,7 @@ use jobs_testkit::fixtures;
 async fn memory_queue_passes_the_queue_contract() {
     queue::run(|| async {
         let clock = ManualClock::default();
-        let memory = MemoryQueue::new(Arc::new(clock.clone()));
-        QueueUnderTest {
-            publisher: Arc::new(memory.clone()),
-            consumer: Arc::new(memory.clone()),
-            depth: Some(Arc::new(memory)),
-            time: Arc::new(clock),
-        }
+        QueueUnderTest::of(MemoryQueue::new(Arc::new(clock.clone())), clock)
     })
     .await;
 }
@@ -31,13 +25,7 @@ async fn memory_queue_passes_the_queue_contract() {
 async fn memory_queue_passes_the_queue_contract_when_fair() {
     queue::run_fair(TenantFairness::round_robin(), || async {
         let clock = ManualClock::default();
-        let memory = MemoryQueue::new(Arc::new(clock.clone()));
-        QueueUnderTest {
-            publisher: Arc::new(memory.clone()),
-            consumer: Arc::new(memory.clone()),
-            depth: Some(Arc::new(memory)),
-            time: Arc::new(clock),
-        }
+        QueueUnderTest::of(MemoryQueue::new(Arc::new(clock.clone())), clock)
     })
     .await;
 }
@@ -252,12 +240,7 @@ fn memory_queue_keeps_the_fairness_contract() {
         let clock = ManualClock::default();
         let memory = MemoryQueue::new(Arc::new(clock.clone()));
         jobs_testkit::contract::fairness::FairUnderTest {
-            queue: QueueUnderTest {
-                publisher: Arc::new(memory.clone()),
-                consumer: Arc::new(memory.clone()),
-                depth: Some(Arc::new(memory.clone())),
-                time: Arc::new(clock),
-            },
+            queue: QueueUnderTest::of(memory.clone(), clock),
             weights: Arc::new(memory),
         }
     });

@@ -877,6 +877,14 @@ fn scripted(
     h: &Harness,
     builder: jobs_consumers::WorkerBuilder<MemoryStore>,
 ) -> jobs_consumers::Worker<MemoryStore> {
+    build_scripted(h, builder).expect("valid")
+}
+
+/// [`scripted`], or why the build refused.
+fn build_scripted(
+    h: &Harness,
+    builder: jobs_consumers::WorkerBuilder<MemoryStore>,
+) -> Result<jobs_consumers::Worker<MemoryStore>, jobs_consumers::WorkerError> {
     builder
         .handler(
             KIND.parse().expect("valid"),
@@ -887,7 +895,6 @@ fn scripted(
         )
         .clock(Arc::new(h.clock.clone()))
         .build()
-        .expect("valid")
 }
 
 #[tokio::test]
@@ -1088,18 +1095,7 @@ async fn fairness_is_granted_by_the_pull_side_or_the_build_fails() {
         inner: h.queue.clone(),
         fetches: Default::default(),
     });
-    let refused = h
-        .builder()
-        .pull(layer)
-        .fair(fair)
-        .handler(
-            KIND.parse().expect("valid"),
-            crate::harness::Scripted {
-                script: ok,
-                calls: h.calls.clone(),
-            },
-        )
-        .build()
+    let refused = build_scripted(&h, h.builder().pull(layer).fair(fair))
         .map(|_| ())
         .expect_err("a layer that does not forward fairness is refused");
     let shown = refused.to_string();
@@ -1114,17 +1110,9 @@ async fn fairness_is_granted_by_the_pull_side_or_the_build_fails() {
         Arc::new(h.queue.clone()),
         Arc::new(h.store.clone()),
         Arc::new(h.store.clone()),
-    )
-    .fair(fair)
-    .handler(
-        KIND.parse().expect("valid"),
-        crate::harness::Scripted {
-            script: ok,
-            calls: h.calls.clone(),
-        },
-    )
-    .build()
-    .map(|_| ())
-    .expect_err("a push transport is refused");
+    );
+    let push = build_scripted(&h, push.fair(fair))
+        .map(|_| ())
+        .expect_err("a push transport is refused");
     assert!(push.to_string().contains("pull transport"), "{push}");
 }

@@ -33,7 +33,7 @@ use chrono::{DateTime, Utc};
 use jobs_consumers::{DeadLetters, ReplayError};
 use jobs_core::{
     CorrelationId, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
-    JobId, Kind, QueueDepth, QueueName, QueuePort, TenantId, Transition,
+    JobId, Kind, QueueDepth, QueueName, QueuePort, Resolution, TenantId, Transition,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -760,36 +760,78 @@ async fn letter(State(console): Shared, headers: HeaderMap, Path(id): Path<i64>)
     )
 }
 
+/// What one action on a letter came to.
+enum Acted {
+    Done,
+    NotFound,
+    /// The letter's state refuses it (why).
+    Conflict(String),
+    /// The store or the transport failed (why).
+    Failed(String),
+}
+
+/// `resolution` of letter `id`, as `session` may: recorded as its doing.
+async fn act(
+    console: &Console,
+    session: &Session,
+    id: DeadLetterId,
+    resolution: Resolution,
+) -> Acted {
+    let actions = console.actions.acting_as(who(session));
+    match resolution {
+        Resolution::Replay => match actions.replay(id, session.tenant).await {
+            Ok(_) => Acted::Done,
+            Err(ReplayError::NotFound(_)) => Acted::NotFound,
+            Err(e @ (ReplayError::Conflict { .. } | ReplayError::NotAnEnvelope { .. })) => {
+                Acted::Conflict(e.to_string())
+            }
+            Err(e) => Acted::Failed(e.to_string()),
+        },
+        Resolution::Discard => match actions.discard(id, session.tenant).await {
+            Ok(Transition::Done | Transition::AlreadyDone) => Acted::Done,
+            Ok(Transition::NotFound) => Acted::NotFound,
+            Ok(Transition::Conflict(status)) => Acted::Conflict(format!(
+                "dead letter {id} is {status}; only pending_review letters can be discarded"
+            )),
+            Err(e) => Acted::Failed(e.to_string()),
+        },
+    }
+}
+
+/// A POST of `resolution` on letter `id`: done, it goes back to the letter's page.
+async fn resolve(
+    console: &Console,
+    headers: &HeaderMap,
+    id: i64,
+    csrf: &str,
+    resolution: Resolution,
+) -> Response {
+    let session = match authorised_post(console, headers, csrf) {
+        Ok(session) => session,
+        Err(refused) => return *refused,
+    };
+    match act(console, &session, DeadLetterId(id), resolution).await {
+        Acted::Done => {
+            tracing::info!(dead_letter = id, tenant = ?session.tenant, ?resolution, "resolved from the console");
+            redirect(&format!("/letters/{id}"))
+        }
+        Acted::NotFound => problem(
+            StatusCode::NOT_FOUND,
+            &session,
+            &format!("dead letter {id} not found"),
+        ),
+        Acted::Conflict(why) => problem(StatusCode::CONFLICT, &session, &why),
+        Acted::Failed(why) => problem(StatusCode::SERVICE_UNAVAILABLE, &session, &why),
+    }
+}
+
 async fn replay(
     State(console): Shared,
     headers: HeaderMap,
     Path(id): Path<i64>,
     Form(form): Form<Csrf>,
 ) -> Response {
-    let session = match authorised_post(&console, &headers, &form.csrf) {
-        Ok(session) => session,
-        Err(refused) => return *refused,
-    };
-    match console
-        .actions
-        .acting_as(who(&session))
-        .replay(DeadLetterId(id), session.tenant)
-        .await
-    {
-        Ok(_) => {
-            tracing::info!(dead_letter = id, tenant = ?session.tenant, "replayed from the console");
-            redirect(&format!("/letters/{id}"))
-        }
-        Err(ReplayError::NotFound(_)) => problem(
-            StatusCode::NOT_FOUND,
-            &session,
-            &format!("dead letter {id} not found"),
-        ),
-        Err(e @ (ReplayError::Conflict { .. } | ReplayError::NotAnEnvelope { .. })) => {
-            problem(StatusCode::CONFLICT, &session, &e.to_string())
-        }
-        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
-    }
+    resolve(&console, &headers, id, &form.csrf, Resolution::Replay).await
 }
 
 async fn discard(
@@ -798,32 +840,7 @@ async fn discard(
     Path(id): Path<i64>,
     Form(form): Form<Csrf>,
 ) -> Response {
-    let session = match authorised_post(&console, &headers, &form.csrf) {
-        Ok(session) => session,
-        Err(refused) => return *refused,
-    };
-    match console
-        .actions
-        .acting_as(who(&session))
-        .discard(DeadLetterId(id), session.tenant)
-        .await
-    {
-        Ok(Transition::Done | Transition::AlreadyDone) => {
-            tracing::info!(dead_letter = id, tenant = ?session.tenant, "discarded from the console");
-            redirect(&format!("/letters/{id}"))
-        }
-        Ok(Transition::NotFound) => problem(
-            StatusCode::NOT_FOUND,
-            &session,
-            &format!("dead letter {id} not found"),
-        ),
-        Ok(Transition::Conflict(status)) => problem(
-            StatusCode::CONFLICT,
-            &session,
-            &format!("dead letter {id} is {status}; only pending_review letters can be discarded"),
-        ),
-        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
-    }
+    resolve(&console, &headers, id, &form.csrf, Resolution::Discard).await
 }
 
 async fn cron(State(console): Shared, headers: HeaderMap) -> Response {

@@ -25,6 +25,21 @@ pub struct QueueUnderTest {
     pub time: Arc<dyn TimeTravel>,
 }
 
+impl QueueUnderTest {
+    /// A transport that is all of publisher, consumer and depth, on `clock`.
+    pub fn of<Q>(queue: Q, clock: jobs_core::ManualClock) -> Self
+    where
+        Q: QueuePort + ConsumerPort + QueueDepth + Clone + 'static,
+    {
+        QueueUnderTest {
+            publisher: Arc::new(queue.clone()),
+            consumer: Arc::new(queue.clone()),
+            depth: Some(Arc::new(queue)),
+            time: Arc::new(clock),
+        }
+    }
+}
+
 const LEASE: Duration = Duration::from_secs(30);
 
 /// What a transport promises about duplicates beyond the contract's core (a second publish

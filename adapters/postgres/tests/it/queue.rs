@@ -48,13 +48,10 @@ async fn pg_queue_passes_the_queue_contract_when_fair() {
                     .await
                     .expect("empty core.jobs");
                 let clock = ManualClock::default();
-                let queue = PgQueue::new(pool).with_clock(Arc::new(clock.clone()));
-                QueueUnderTest {
-                    publisher: Arc::new(queue.clone()),
-                    consumer: Arc::new(queue.clone()),
-                    depth: Some(Arc::new(queue)),
-                    time: Arc::new(clock),
-                }
+                QueueUnderTest::of(
+                    PgQueue::new(pool).with_clock(Arc::new(clock.clone())),
+                    clock,
+                )
             }
         })
         .await;
@@ -82,12 +79,7 @@ fn pg_queue_keeps_the_fairness_contract() {
             let clock = ManualClock::default();
             let queue = PgQueue::new(pool).with_clock(Arc::new(clock.clone()));
             FairUnderTest {
-                queue: QueueUnderTest {
-                    publisher: Arc::new(queue.clone()),
-                    consumer: Arc::new(queue.clone()),
-                    depth: Some(Arc::new(queue.clone())),
-                    time: Arc::new(clock),
-                },
+                queue: QueueUnderTest::of(queue.clone(), clock),
                 weights: Arc::new(queue),
             }
         }
@@ -108,13 +100,10 @@ async fn pg_queue_passes_the_queue_contract() {
                     .await
                     .expect("empty core.jobs");
                 let clock = ManualClock::default();
-                let queue = PgQueue::new(pool).with_clock(Arc::new(clock.clone()));
-                QueueUnderTest {
-                    publisher: Arc::new(queue.clone()),
-                    consumer: Arc::new(queue.clone()),
-                    depth: Some(Arc::new(queue)),
-                    time: Arc::new(clock),
-                }
+                QueueUnderTest::of(
+                    PgQueue::new(pool).with_clock(Arc::new(clock.clone())),
+                    clock,
+                )
             }
         })
         .await;
