@@ -7,7 +7,8 @@
 //! start (p50, p99, max), and the throughput while A's backlog drains (every job done by the
 //! time A's last is, over that time). The baseline of each fair row is the FIFO row of the same
 //! backlog, measured in the same run; the publish rows compare A's backlog published in
-//! batches of 1,000 into a fair queue with the same into a FIFO one.
+//! batches of 1,000 into a fair queue with the same into a FIFO one (the best of three rounds
+//! each, alternating).
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +34,8 @@ const LIGHT_JOBS: usize = 200;
 const LIGHT_RATE: u32 = 20;
 const HANDLER_TIME: Duration = Duration::from_millis(1);
 const PUBLISH_BATCH: usize = 1_000;
+/// Publish rounds per side after the drains, alternating.
+const PUBLISH_ROUNDS: usize = 2;
 const KIND: &str = "bench.job";
 
 /// How the queue is fetched.
@@ -101,8 +104,16 @@ async fn compare(options: &PgConnectOptions, backlogs: &[u64]) -> Result<()> {
         "backlog", "policy", "publish/s", "B p50 ms", "B p99 ms", "B max ms", "drain/s", "ratio"
     );
     for &backlog in backlogs {
-        let fifo = drain(&pool, Policy::Fifo, backlog).await?;
-        let fair = drain(&pool, Policy::Fair, backlog).await?;
+        let mut fifo = drain(&pool, Policy::Fifo, backlog).await?;
+        let mut fair = drain(&pool, Policy::Fair, backlog).await?;
+        // Publishing moves ±15% between runs: the best of alternating rounds, each side.
+        for _ in 0..PUBLISH_ROUNDS {
+            for (policy, d) in [(Policy::Fifo, &mut fifo), (Policy::Fair, &mut fair)] {
+                d.published_per_s = d
+                    .published_per_s
+                    .max(publish(&pool, policy, backlog).await?);
+            }
+        }
         for (policy, d) in [(Policy::Fifo, &fifo), (Policy::Fair, &fair)] {
             let ratio = support::ratio(d.jobs_per_s, fifo.jobs_per_s);
             println!(
@@ -176,11 +187,11 @@ fn envelope(tenant: TenantId, data: Value) -> Result<Envelope> {
     ))
 }
 
-async fn drain(pool: &PgPool, policy: Policy, backlog: u64) -> Result<Drain> {
+/// An empty queue of `policy`, listed as fair when it is.
+async fn fresh_queue(pool: &PgPool, policy: Policy) -> Result<(PgQueue, QueueName)> {
     sqlx::query("truncate core.jobs, core.processed_jobs, core.fair_queues")
         .execute(pool)
         .await?;
-    let store = PgStore::from_pool(pool.clone());
     let queue = PgQueue::new(pool.clone());
     let name: QueueName = policy.queue().parse()?;
     if policy == Policy::Fair {
@@ -188,8 +199,17 @@ async fn drain(pool: &PgPool, policy: Policy, backlog: u64) -> Result<Drain> {
             .make_fair(&name, TenantFairness::round_robin())
             .await?;
     }
+    Ok((queue, name))
+}
+
+/// Tenant A's backlog published in batches on a fresh queue of `policy`: jobs per second.
+async fn publish(pool: &PgPool, policy: Policy, backlog: u64) -> Result<f64> {
+    let (queue, name) = fresh_queue(pool, policy).await?;
+    publish_backlog(&queue, &name, backlog).await
+}
+
+async fn publish_backlog(queue: &PgQueue, name: &QueueName, backlog: u64) -> Result<f64> {
     let heavy = TenantId::from_str("00000000-0000-4000-8000-00000000000a")?;
-    let light = TenantId::from_str("00000000-0000-4000-8000-00000000000b")?;
     let jobs: Vec<NewJob> = (0..backlog)
         .map(|n| {
             Ok(NewJob {
@@ -200,9 +220,16 @@ async fn drain(pool: &PgPool, policy: Policy, backlog: u64) -> Result<Drain> {
         .collect::<Result<_>>()?;
     let published = Instant::now();
     for chunk in jobs.chunks(PUBLISH_BATCH) {
-        queue.publish_batch(&name, chunk).await?;
+        queue.publish_batch(name, chunk).await?;
     }
-    let published_per_s = backlog as f64 / published.elapsed().as_secs_f64();
+    Ok(backlog as f64 / published.elapsed().as_secs_f64())
+}
+
+async fn drain(pool: &PgPool, policy: Policy, backlog: u64) -> Result<Drain> {
+    let (queue, name) = fresh_queue(pool, policy).await?;
+    let store = PgStore::from_pool(pool.clone());
+    let light = TenantId::from_str("00000000-0000-4000-8000-00000000000b")?;
+    let published_per_s = publish_backlog(&queue, &name, backlog).await?;
     sqlx::query("analyze core.jobs").execute(pool).await?;
 
     let done = Arc::new(AtomicU64::new(0));
