@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use jobs_core::{
     Depth, Envelope, PublishOptions, QueueDepth, QueueError, QueueName, QueuePort, Receipt,
+    TenantId,
 };
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode};
@@ -181,8 +182,16 @@ impl QStashQueue {
         dedup_key: Option<&str>,
         when: When,
         retries: Option<u32>,
+        tenant: Option<TenantId>,
     ) -> Result<Vec<(&'static str, String)>, QueueError> {
         let mut headers = vec![("content-type", "application/json".to_owned())];
+        if let (Some(parallelism), Some(tenant)) = (destination.tenant_parallelism, tenant) {
+            headers.push(("upstash-flow-control-key", flow_control_key(queue, tenant)));
+            headers.push((
+                "upstash-flow-control-value",
+                format!("parallelism={parallelism}"),
+            ));
+        }
         if let Some(key) = dedup_key {
             if key.is_empty() || HeaderValue::from_str(key).is_err() {
                 return Err(QueueError::Rejected {
@@ -229,7 +238,13 @@ impl QStashQueue {
         retries: Option<u32>,
     ) -> Result<Receipt, QueueError> {
         let destination = self.destination(queue)?;
-        let headers = self.publish_headers(queue, &destination, dedup_key, when, retries)?;
+        // The tenant, for flow control: the envelope's, when the payload is one.
+        let tenant = destination
+            .tenant_parallelism
+            .and_then(|_| Envelope::decode(&body).ok())
+            .map(|envelope| envelope.tenant_id);
+        let headers =
+            self.publish_headers(queue, &destination, dedup_key, when, retries, tenant)?;
         let mut request = self
             .http
             .post(self.url(&Self::publish_path(&destination)))
@@ -274,7 +289,14 @@ impl QStashQueue {
             let dedup = item.opts.dedup_key_for(&item.envelope);
             let when = When::of(&item.queue, &item.opts)?;
             let headers: serde_json::Map<String, Value> = self
-                .publish_headers(&item.queue, &destination, Some(&dedup), when, None)?
+                .publish_headers(
+                    &item.queue,
+                    &destination,
+                    Some(&dedup),
+                    when,
+                    None,
+                    Some(item.envelope.tenant_id),
+                )?
                 .into_iter()
                 .map(|(n, v)| (n.to_owned(), Value::String(v)))
                 .collect();
@@ -595,6 +617,12 @@ impl QueueDepth for QStashQueue {
         let lag = body.get("lag").and_then(Value::as_u64).unwrap_or(0);
         Ok(Depth::new(lag, 0, 0))
     }
+}
+
+/// The flow-control key of `tenant`'s messages on `queue`: per queue, so that a tenant's cap
+/// on one queue does not hold back its messages on another.
+fn flow_control_key(queue: &QueueName, tenant: TenantId) -> String {
+    format!("{}-{tenant}", queue.as_str().replace('.', "_"))
 }
 
 fn unavailable(queue: &QueueName, e: reqwest::Error) -> QueueError {

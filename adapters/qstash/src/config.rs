@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use jobs_core::QueueName;
@@ -97,6 +98,7 @@ pub struct Destination {
     pub(crate) url: String,
     pub(crate) qstash_queue: Option<String>,
     pub(crate) retry: RetrySchedule,
+    pub(crate) tenant_parallelism: Option<NonZeroU32>,
 }
 
 impl Destination {
@@ -107,7 +109,25 @@ impl Destination {
             url: url.into(),
             qstash_queue: None,
             retry: RetrySchedule::default(),
+            tenant_parallelism: None,
         }
+    }
+
+    /// At most `deliveries` of one tenant's messages to this destination under way at once,
+    /// through QStash's flow control: each publish carries `Upstash-Flow-Control-Key` (the
+    /// queue and the envelope's tenant) and `Upstash-Flow-Control-Value: parallelism=N`, and
+    /// QStash holds a key's further messages back until one is answered. QStash pushes in its
+    /// own order, so this caps one tenant's share of the consumer; it does not take turns
+    /// among tenants (a worker asked for [`TenantFairness`](jobs_core::TenantFairness) over a
+    /// QStash queue fails to build).
+    pub fn tenant_parallelism(mut self, deliveries: NonZeroU32) -> Self {
+        self.tenant_parallelism = Some(deliveries);
+        self
+    }
+
+    /// The per-tenant parallelism, if set ([`Destination::tenant_parallelism`]).
+    pub fn tenant_parallelism_value(&self) -> Option<NonZeroU32> {
+        self.tenant_parallelism
     }
 
     /// Publishes through the QStash queue `name` (`/v2/enqueue/{name}/{url}`): ordered at
@@ -242,6 +262,7 @@ impl QStashConfig {
                 .as_ref()
                 .map(|q| q.replace(QUEUE_PLACEHOLDER, queue.as_str())),
             retry: template.retry,
+            tenant_parallelism: template.tenant_parallelism,
         }))
     }
 

@@ -17,8 +17,8 @@
 //!
 //! QStash pushes each message when it chooses, so a worker over it cannot fetch fairly across
 //! tenants: one asked to (`WorkerBuilder::fair` in `jobs-consumers`) fails to build, saying
-//! so. QStash's own per-key limit is flow control (`Upstash-Flow-Control-Key`, with a
-//! parallelism and a rate per key), which caps one key's deliveries but does not order them.
+//! so. QStash's own per-key limit, flow control, caps one tenant's deliveries under way
+//! instead: [`Destination::tenant_parallelism`].
 //!
 //! Nothing here depends on a web framework; `examples/axum_receiver.rs` mounts the receiver on
 //! an axum route. See `docs/adr/0010-qstash-adapter.md`.

@@ -382,3 +382,86 @@ async fn a_destination_template_serves_every_queue_without_its_own_destination()
     assert!(matches!(refused, QStashError::InvalidDestination(_)));
     fake.shutdown().await;
 }
+
+/// A destination with a per-tenant parallelism publishes each job with its tenant's
+/// flow-control key, and QStash (the fake) then has at most that many of one tenant's jobs
+/// under way at a time, while other tenants' still flow.
+#[tokio::test]
+async fn a_tenant_parallelism_caps_one_tenants_deliveries_in_flight() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    struct Slow {
+        in_flight: Mutex<HashMap<String, usize>>,
+        most: Mutex<HashMap<String, usize>>,
+        done: Mutex<usize>,
+    }
+    async fn handle(
+        axum::extract::State(slow): axum::extract::State<Arc<Slow>>,
+        body: axum::body::Bytes,
+    ) -> &'static str {
+        let tenant = jobs_core::Envelope::decode(&body)
+            .map(|e| e.tenant_id.to_string())
+            .unwrap_or_default();
+        {
+            let mut in_flight = slow.in_flight.lock().expect("lock");
+            let now = in_flight.entry(tenant.clone()).or_default();
+            *now += 1;
+            let mut most = slow.most.lock().expect("lock");
+            let peak = most.entry(tenant.clone()).or_default();
+            *peak = (*peak).max(*now);
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        *slow
+            .in_flight
+            .lock()
+            .expect("lock")
+            .entry(tenant)
+            .or_default() -= 1;
+        *slow.done.lock().expect("lock") += 1;
+        "ok"
+    }
+    let slow = Arc::new(Slow::default());
+    let router = axum::Router::new()
+        .route("/jobs", axum::routing::post(handle))
+        .with_state(slow.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let url = format!("http://{}/jobs", listener.local_addr().expect("an address"));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+
+    let fake = FakeQStash::start().await.expect("fake starts");
+    let cap = std::num::NonZeroU32::new(1).expect("not zero");
+    let q = client(
+        &fake,
+        &[("jobs.fair", Destination::new(url).tenant_parallelism(cap))],
+    );
+    for n in 0..6u32 {
+        let envelope = fixtures::envelope(1 + n % 2, u64::from(n));
+        q.publish(&queue("jobs.fair"), &envelope, PublishOptions::default())
+            .await
+            .expect("published");
+    }
+    let first = &fake.messages()[0];
+    assert_eq!(
+        header(&first.publish_headers, "upstash-flow-control-key"),
+        Some(format!("jobs_fair-{}", fixtures::tenant(1)).as_str())
+    );
+    assert_eq!(
+        header(&first.publish_headers, "upstash-flow-control-value"),
+        Some("parallelism=1")
+    );
+    assert!(
+        fake.wait_idle(Duration::from_secs(10)).await,
+        "all delivered"
+    );
+    assert_eq!(*slow.done.lock().expect("lock"), 6);
+    let most = slow.most.lock().expect("lock").clone();
+    assert_eq!(most.len(), 2, "both tenants delivered");
+    assert!(
+        most.values().all(|peak| *peak == 1),
+        "one delivery of a tenant at a time: {most:?}"
+    );
+}

@@ -28,6 +28,9 @@
 //!   sends it), `GET /v2/queues`, `GET|DELETE /v2/queues/{name}` with `paused` and `lag`,
 //!   `POST /v2/queues/{name}/pause|resume` (a paused queue accepts messages and delivers none
 //!   until resumed); parallelism 1 delivers one message of the queue at a time, in order (FIFO);
+//! - flow control: messages published with `Upstash-Flow-Control-Key` and
+//!   `Upstash-Flow-Control-Value: parallelism=N` are delivered at most N of a key at a time,
+//!   oldest first (the value's `rate` and `period` are not enforced);
 //! - schedules: `POST /v2/schedules/{destination}` with `Upstash-Cron` and an optional
 //!   `Upstash-Schedule-Id` (upsert) → `{"scheduleId"}`, `GET /v2/schedules`,
 //!   `GET|DELETE /v2/schedules/{id}` (`createdAt`, `method`, `isPaused`, `header`, `body`,
@@ -460,7 +463,7 @@ impl FakeQStash {
                         m.state == MessageState::InFlight
                             || (m.state == MessageState::Pending
                                 && m.not_before <= now
-                                && eligible(&state, m))
+                                && eligible(&state, m, now))
                     })
             };
             if !busy {
@@ -1463,10 +1466,45 @@ fn not_allowed() -> Response {
 // ---------------------------------------------------------------------------------------------
 // Delivery.
 
-/// Whether a pending message may go now as far as its queue is concerned: none of a paused
+/// The flow-control key of a message and its parallelism (`Upstash-Flow-Control-Key`, and
+/// `parallelism=N` in `Upstash-Flow-Control-Value`), when it was published with both.
+fn flow_control(message: &FakeMessage) -> Option<(&str, usize)> {
+    let header = |name: &str| {
+        message
+            .publish_headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let key = header("upstash-flow-control-key")?;
+    let parallelism = header("upstash-flow-control-value")?
+        .split(',')
+        .filter_map(|part| part.trim().strip_prefix("parallelism="))
+        .find_map(|n| n.trim().parse().ok())?;
+    Some((key, parallelism))
+}
+
+/// Whether a pending message may go now: within its flow-control key's parallelism (only
+/// that many of the key's due or under-way messages, oldest first, may be delivered at
+/// once: QStash holds the rest back), and as far as its queue is concerned, none of a paused
 /// queue, and in a queue of parallelism `p`, only the `p` oldest unsettled messages may be
 /// under way.
-fn eligible(state: &FakeState, message: &FakeMessage) -> bool {
+fn eligible(state: &FakeState, message: &FakeMessage, now: SystemTime) -> bool {
+    if let Some((key, parallelism)) = flow_control(message) {
+        let ahead = state
+            .messages
+            .iter()
+            .take_while(|m| m.message_id != message.message_id)
+            .filter(|m| {
+                flow_control(m).is_some_and(|(k, _)| k == key)
+                    && (m.state == MessageState::InFlight
+                        || (m.state == MessageState::Pending && m.not_before <= now))
+            })
+            .count();
+        if ahead >= parallelism {
+            return false;
+        }
+    }
     let Some(queue) = &message.queue else {
         return true;
     };
@@ -1509,7 +1547,7 @@ async fn dispatch(shared: Weak<Shared>) {
                     .filter(|m| {
                         m.state == MessageState::Pending
                             && m.not_before <= now
-                            && eligible(&state, m)
+                            && eligible(&state, m, now)
                     })
                     .map(|m| m.message_id.clone())
                     .collect();
