@@ -137,6 +137,29 @@ pub(crate) fn raw_bytes(bytes: &[u8]) -> (bool, String) {
     (false, out)
 }
 
+/// The points of a sparkline of `samples` in a 100 × 30 box, the highest at the top (what
+/// the script draws too, from `/queues.json`).
+pub(crate) fn spark(samples: &[u64]) -> String {
+    let most = samples.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let step = if samples.len() > 1 {
+        100.0 / (samples.len() - 1) as f64
+    } else {
+        0.0
+    };
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            format!(
+                "{:.1},{:.1}",
+                i as f64 * step,
+                30.0 - (*n as f64 / most) * 28.0
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The stylesheet, served at `/assets/console.css`.
 pub(crate) const CSS: &str = "\
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2327;background:#f6f7f7}\
@@ -158,13 +181,12 @@ svg.spark{width:10em;height:1.6em;vertical-align:middle}svg.spark polyline{fill:
 stroke:#2271b1;stroke-width:1.5}";
 
 /// The only script, served at `/assets/console.js`: the overview's queue table refreshes from
-/// `/queues.json` every 5 s and draws each queue's depth over the minutes the page has been
-/// open. Confirmation of actions is the server's own page, so nothing else needs script.
+/// `/queues.json` every 5 s, with each queue's depth over the last minutes as the console
+/// sampled it. Confirmation of actions is the server's own page, so nothing else needs script.
 pub(crate) const JS: &str = r#"
 (function () {
   const table = document.getElementById('queues');
   if (!table) return;
-  const history = {};
   function spark(points) {
     const max = Math.max(1, ...points);
     const step = points.length > 1 ? 100 / (points.length - 1) : 0;
@@ -182,9 +204,8 @@ pub(crate) const JS: &str = r#"
           const cell = row.querySelector('[data-field="' + field + '"]');
           if (cell) cell.textContent = q[field] === null ? '-' : String(q[field]);
         }
-        const points = (history[q.queue] = (history[q.queue] || []).concat([(q.ready || 0) + (q.delayed || 0) + (q.in_flight || 0)]).slice(-60));
         const line = row.querySelector('polyline');
-        if (line) line.setAttribute('points', spark(points));
+        if (line && q.history.length) line.setAttribute('points', spark(q.history));
       }
       const stamp = document.getElementById('refreshed');
       if (stamp) stamp.textContent = new Date().toLocaleTimeString();
@@ -234,6 +255,13 @@ mod tests {
         let (text, dump) = raw_bytes(&[0x00, 0xff, b'a']);
         assert!(!text);
         assert_eq!(dump, "00000000  00 ff 61\n");
+    }
+
+    #[test]
+    fn a_sparkline_spans_the_box_with_the_highest_at_the_top() {
+        assert_eq!(spark(&[]), "");
+        assert_eq!(spark(&[0, 5, 10]), "0.0,30.0 50.0,16.0 100.0,2.0");
+        assert_eq!(spark(&[3]), "0.0,2.0");
     }
 
     #[test]

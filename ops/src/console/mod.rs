@@ -19,8 +19,8 @@
 mod auth;
 mod html;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use axum::Router;
@@ -46,6 +46,10 @@ use html::{escape, page, query_value};
 const PAGE_SIZE: u32 = 50;
 /// The newest pending letters the overview's grouped counts are taken over.
 const COUNTED: u32 = 5_000;
+/// How often the queues' depth is sampled for the overview's chart.
+const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+/// Samples kept per queue: the last ten minutes.
+const SAMPLES: usize = 120;
 
 /// The console over a store's dead letters and a transport.
 pub struct Console {
@@ -54,6 +58,10 @@ pub struct Console {
     depth: Option<Arc<dyn QueueDepth>>,
     queues: Vec<QueueName>,
     gate: Gate,
+    /// Each queue's recent depth (every message not yet acked), oldest first, sampled every
+    /// [`SAMPLE_EVERY`] from the first overview on.
+    samples: Mutex<HashMap<QueueName, VecDeque<u64>>>,
+    sampling: std::sync::Once,
 }
 
 impl Console {
@@ -70,7 +78,50 @@ impl Console {
             depth: None,
             queues: vec![],
             gate: Gate::new(tokens),
+            samples: Mutex::default(),
+            sampling: std::sync::Once::new(),
         }
+    }
+
+    /// Starts sampling the queues' depth, once, for as long as the console lives.
+    fn sample(self: &Arc<Self>) {
+        if self.depth.is_none() {
+            return;
+        }
+        self.sampling.call_once(|| {
+            let console = Arc::downgrade(self);
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(SAMPLE_EVERY);
+                loop {
+                    every.tick().await;
+                    let Some(console) = console.upgrade() else {
+                        return;
+                    };
+                    for (name, depth) in queue_rows(&console).await {
+                        console.record(name, depth.map_or(0, |d| d.total()));
+                    }
+                }
+            });
+        });
+    }
+
+    fn record(&self, queue: QueueName, total: u64) {
+        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        let line = samples.entry(queue).or_default();
+        line.push_back(total);
+        while line.len() > SAMPLES {
+            line.pop_front();
+        }
+    }
+
+    /// `queue`'s samples, oldest first.
+    fn history(&self, queue: &QueueName) -> Vec<u64> {
+        self.samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(queue)
+            .map(|line| line.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// A console without sign-in: every visitor is an operator. Only for a console bound to a
@@ -284,6 +335,7 @@ async fn queues_json(State(console): Shared, headers: HeaderMap) -> Response {
                 "ready": d.map(|d| d.ready),
                 "delayed": d.map(|d| d.delayed),
                 "in_flight": d.map(|d| d.in_flight),
+                "history": console.history(&name),
             })
         })
         .collect();
@@ -298,6 +350,7 @@ async fn overview(State(console): Shared, headers: HeaderMap) -> Response {
     let Some(session) = console.gate.session(&headers) else {
         return unauthorised();
     };
+    console.sample();
     let mut body = String::new();
     if session.tenant.is_some() {
         body.push_str(
@@ -309,7 +362,7 @@ async fn overview(State(console): Shared, headers: HeaderMap) -> Response {
     } else {
         body.push_str(
             "<h2>Queues</h2><table id=\"queues\"><tr><th>queue</th><th>ready</th>\
-             <th>delayed</th><th>in flight</th><th>depth since this page opened</th></tr>",
+             <th>delayed</th><th>in flight</th><th>depth, last 10 minutes</th></tr>",
         );
         for (name, d) in queue_rows(&console).await {
             let cell = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
@@ -319,10 +372,11 @@ async fn overview(State(console): Shared, headers: HeaderMap) -> Response {
                  <td class=\"n\" data-field=\"delayed\">{}</td>\
                  <td class=\"n\" data-field=\"in_flight\">{}</td>\
                  <td><svg class=\"spark\" viewBox=\"0 0 100 30\" preserveAspectRatio=\"none\">\
-                 <polyline points=\"\"></polyline></svg></td></tr>",
+                 <polyline points=\"{}\"></polyline></svg></td></tr>",
                 cell(d.map(|d| d.ready)),
                 cell(d.map(|d| d.delayed)),
                 cell(d.map(|d| d.in_flight)),
+                html::spark(&console.history(&name)),
                 q = escape(name.as_str()),
                 qv = query_value(name.as_str()),
             ));

@@ -218,6 +218,20 @@ async fn an_operator_sees_counts_by_error_and_replays_a_letter_onto_its_queue() 
         "three letters grouped as one error: {overview}"
     );
     assert!(overview.contains("data-queue=\"billing.invoices\""));
+    // The overview started the depth sampler; its first sample is taken at once.
+    let mut sampled = false;
+    for _ in 0..50 {
+        let (_, queues) = s.get(Some(&cookie), "/queues.json").await;
+        let queues: serde_json::Value = serde_json::from_str(&queues).expect("JSON");
+        if queues[0]["history"].as_array().is_some_and(|h| !h.is_empty()) {
+            assert_eq!(queues[0]["queue"], "billing.invoices");
+            assert_eq!(queues[0]["history"][0], 0, "nothing queued yet");
+            sampled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(sampled, "the queue's depth is sampled for the chart");
     let (_, list) = s
         .get(Some(&cookie), "/letters?queue=billing.invoices")
         .await;
