@@ -223,7 +223,10 @@ async fn an_operator_sees_counts_by_error_and_replays_a_letter_onto_its_queue() 
     for _ in 0..50 {
         let (_, queues) = s.get(Some(&cookie), "/queues.json").await;
         let queues: serde_json::Value = serde_json::from_str(&queues).expect("JSON");
-        if queues[0]["history"].as_array().is_some_and(|h| !h.is_empty()) {
+        if queues[0]["history"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+        {
             assert_eq!(queues[0]["queue"], "billing.invoices");
             assert_eq!(queues[0]["history"][0], 0, "nothing queued yet");
             sampled = true;
