@@ -13,7 +13,8 @@
 //!   transaction.
 //! - [`WorkStore`] and [`WorkTransaction`]: the idempotent work transaction over
 //!   `core.processed_jobs`; [`GroupTransaction`], one holding a group of jobs.
-//!   [`DeadLetterStore`]: `core.dead_letters`. [`ProcessedJobs`]: TTL cleanup.
+//!   [`DeadLetterStore`]: `core.dead_letters`. [`BulkRuns`]: the journal of bulk replays and
+//!   discards, shared by every operator's tool. [`ProcessedJobs`]: TTL cleanup.
 //! - [`RateLimiter`]: token buckets per provider and per tenant. [`TenantDirectory`]: the
 //!   tenants a cron fan-out reaches.
 //! - [`Alerter`]: raising alerts. [`Clock`]: time as a port, with [`ManualClock`] for tests.
@@ -64,12 +65,12 @@ pub use rate::MockRateLimiter;
 pub use rate::{Acquired, Bucket, BucketKey, RateLimitError, RateLimiter};
 pub use retry_after::{MAX_RETRY_AFTER, parse_http_date, parse_retry_after};
 pub use store::{
-    Claim, DeadLetter, DeadLetterEvent, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
-    DeadLetterStore, GroupTransaction, NewDeadLetter, ProcessedJobs, Recorded, Resolution,
-    StoreError, Transition, WorkStore, WorkTransaction,
+    BulkRun, BulkRunId, BulkRuns, Claim, DeadLetter, DeadLetterEvent, DeadLetterFilter,
+    DeadLetterId, DeadLetterStatus, DeadLetterStore, GroupTransaction, NewDeadLetter,
+    ProcessedJobs, Recorded, Resolution, StoreError, Transition, WorkStore, WorkTransaction,
 };
 #[cfg(feature = "mock")]
-pub use store::{MockDeadLetterStore, MockProcessedJobs};
+pub use store::{MockBulkRuns, MockDeadLetterStore, MockProcessedJobs};
 #[cfg(feature = "mock")]
 pub use tenants::MockTenantDirectory;
 pub use tenants::{DirectoryError, Tenant, TenantDirectory, TenantPage};

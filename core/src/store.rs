@@ -1,4 +1,5 @@
-//! Stores: the work transaction that makes consumption idempotent, and the dead letters.
+//! Stores: the work transaction that makes consumption idempotent, the dead letters, and the
+//! journal of bulk runs over them.
 //!
 //! The worker runtime opens a [`WorkTransaction`], claims `(job_id, consumer)` in
 //! `core.processed_jobs`, runs the handler with that same transaction so the handler's writes
@@ -7,6 +8,7 @@
 //! dead-lettered (the dead letter is recorded in a work transaction holding the claim, so the
 //! two are never both true). Replaying a dead letter releases the claim.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
@@ -422,6 +424,122 @@ pub trait DeadLetterStore: Send + Sync {
     /// tenant-scoped: a caller that serves one tenant checks the letter's tenant with
     /// [`get`](Self::get) first.
     async fn history(&self, id: DeadLetterId) -> Result<Vec<DeadLetterEvent>, StoreError>;
+}
+
+/// The id of a bulk run, increasing with each run started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BulkRunId(pub i64);
+
+impl fmt::Display for BulkRunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A bulk replay or discard of dead letters, as journaled by [`BulkRuns`]: the snapshot of
+/// the ids it acts on, taken when it started, and the outcome of each letter settled so far.
+///
+/// The run works through the snapshot rather than a fresh query: a replay marks a letter
+/// `replayed` before publishing it, so after an interruption between the two a new query over
+/// `pending_review` would miss that letter, while the snapshot still holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BulkRun {
+    /// Its id.
+    pub id: BulkRunId,
+    /// The action and filter as the caller described them; at most one unfinished run has it.
+    pub key: String,
+    /// What the run does to each letter.
+    pub action: Resolution,
+    /// The snapshot, in the order the run settles it.
+    pub ids: Vec<DeadLetterId>,
+    /// The outcome of each letter settled so far (free text, as recorded).
+    pub settled: BTreeMap<DeadLetterId, String>,
+    /// Who started it (free text, such as `jobsctl (alice)`).
+    pub by: String,
+    /// When it started.
+    pub started_at: SystemTime,
+    /// When it was closed, `None` while it may be resumed.
+    pub finished_at: Option<SystemTime>,
+}
+
+impl BulkRun {
+    /// How many letters the snapshot holds.
+    pub fn total(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// How many letters are settled.
+    pub fn done(&self) -> usize {
+        self.settled.len()
+    }
+
+    /// Whether the run is closed: a new start of its key makes a new run.
+    pub fn is_finished(&self) -> bool {
+        self.finished_at.is_some()
+    }
+
+    /// The ids of the snapshot not settled yet, in order: what a resumed run still does.
+    pub fn pending(&self) -> impl Iterator<Item = DeadLetterId> + '_ {
+        self.ids
+            .iter()
+            .copied()
+            .filter(|id| !self.settled.contains_key(id))
+    }
+}
+
+/// Bulk dead-letter runs, journaled where every operator's tool sees them.
+///
+/// A run is resumable: the caller settles the pending letters one by one and records each
+/// after it is done, so an interruption loses at most the record of the letter in hand, which
+/// the resumed run does again (replay and discard are idempotent). Two callers starting the
+/// same key at once get the same run.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait BulkRuns: Send + Sync {
+    /// Starts a run of `action` over `ids` (in order) for `key` (the action and filter as the
+    /// caller describes it, e.g. `"replay status=pending_review queue=billing.invoices"`), by
+    /// `by`, at `at` — or answers the unfinished run of the same key, unchanged (resume), its
+    /// own snapshot kept whatever `ids` says now.
+    async fn start_run(
+        &self,
+        key: &str,
+        action: Resolution,
+        ids: &[DeadLetterId],
+        by: &str,
+        at: SystemTime,
+    ) -> Result<BulkRun, StoreError>;
+
+    /// The unfinished run of `key`, the one [`start_run`](Self::start_run) would resume, if
+    /// any: lets a caller ask before starting whether it resumes. By default, found among
+    /// every run; stores answer it from their index.
+    async fn unfinished(&self, key: &str) -> Result<Option<BulkRun>, StoreError> {
+        Ok(self
+            .runs(u32::MAX)
+            .await?
+            .into_iter()
+            .find(|run| run.key == key && !run.is_finished()))
+    }
+
+    /// Records `id` settled in `run` with `outcome` (free text: `"done"`, `"already done"`,
+    /// `"conflict: discarded"`, `"not found"`, or an error), once; a second record of the same
+    /// id is ignored, keeping the first outcome. An unknown run, or an id outside its snapshot,
+    /// is [`StoreError::Failed`]: the caller mixed up its runs.
+    async fn record_settled(
+        &self,
+        run: BulkRunId,
+        id: DeadLetterId,
+        outcome: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Closes `run` at `at`: it is no longer resumed. Closing a closed run keeps its first
+    /// time; an unknown run is [`StoreError::Failed`].
+    async fn finish_run(&self, run: BulkRunId, at: SystemTime) -> Result<(), StoreError>;
+
+    /// One run with its progress, `None` if unknown.
+    async fn run(&self, run: BulkRunId) -> Result<Option<BulkRun>, StoreError>;
+
+    /// The newest runs first, at most `limit`.
+    async fn runs(&self, limit: u32) -> Result<Vec<BulkRun>, StoreError>;
 }
 
 crate::error::port_error! {

@@ -91,3 +91,16 @@ test('markup in a letter renders as text and runs nothing', async () => {
   assert.match(await page.textContent('#envelope'), /<b>bold<\/b>/);
   assert.equal(await page.$('#envelope b'), null, 'no element made of the payload');
 });
+
+test('a bulk discard states its count, runs, and its progress reaches the end', async () => {
+  await page.goto(`${base}/letters?queue=billing.invoices&kind=billing.invoice_paid`);
+  await Promise.all([page.waitForURL(`${base}/bulk`), page.click('#bulk-discard')]);
+  assert.match(await page.textContent('#confirm-count'), /Discard 10 letters waiting for review/);
+  await page.screenshot({ path: `${shots}/bulk-confirm.png`, fullPage: true });
+  await Promise.all([page.waitForURL(/\/runs\/\d+$/), page.click('#confirm')]);
+  await page.waitForSelector('#state:text("finished")', { timeout: 20000 });
+  assert.equal((await page.textContent('#done')).trim(), '10');
+  await page.screenshot({ path: `${shots}/bulk-run.png`, fullPage: true });
+  await page.goto(`${base}/letters?status=pending_review&queue=billing.invoices&kind=billing.invoice_paid`);
+  assert.equal(await page.$('#letters'), null, 'no letter of that filter left waiting');
+});

@@ -34,8 +34,9 @@ async fn main() -> anyhow::Result<()> {
     let queue = MemoryQueue::default();
     seed(&store).await?;
     let queues: Vec<QueueName> = vec!["billing.invoices".parse()?, "notify.email".parse()?];
-    let router = Console::new(Arc::new(store), Arc::new(queue.clone()), tokens)
+    let router = Console::new(Arc::new(store.clone()), Arc::new(queue.clone()), tokens)
         .depth(Arc::new(queue), queues)
+        .bulk_runs(Arc::new(store))
         .router();
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("console on http://{}/", listener.local_addr()?);

@@ -1,24 +1,28 @@
 //! `jobsctl dead-letters replay|discard`: by id, or every letter matching a filter.
 //!
-//! A filtered run acts on a snapshot of the matching ids kept in a journal ([`crate::journal`]),
-//! not on a fresh query: a replay marks a letter `replayed` before publishing it, so after an
-//! interruption between the two, a new query over `pending_review` would no longer see that
-//! letter and it would never be published. Resuming the snapshot publishes it (replaying a
-//! `replayed` letter republishes under the same dedup key, harmlessly), and letters the journal
-//! records as settled are not touched again.
+//! A filtered run acts on a snapshot of the matching ids journaled in the store
+//! ([`BulkRuns`]), not on a fresh query: a replay marks a letter `replayed` before publishing
+//! it, so after an interruption between the two, a new query over `pending_review` would no
+//! longer see that letter and it would never be published. Resuming the snapshot publishes it
+//! (replaying a `replayed` letter republishes under the same dedup key, harmlessly), and
+//! letters the run records as settled are not touched again. The run lives in the store, so
+//! every `jobsctl` and console on it sees the run and its progress, and resumes the same one:
+//! its key is the action and the filter, as the console writes it.
 
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use jobs_adapter_memory::MemoryQueue;
 use jobs_consumers::{DeadLetters, ReplayError, Replayed};
-use jobs_core::{DeadLetterFilter, DeadLetterId, DeadLetterStatus, TenantId, Transition};
-use jobs_ops::compose::{self, Config, Queue, Store};
+use jobs_core::{
+    BulkRun, BulkRuns, DeadLetterFilter, DeadLetterId, DeadLetterStatus, Resolution, TenantId,
+    Transition,
+};
+use jobs_ops::compose::{Config, Queue, Store};
 use serde_json::json;
 
-use crate::journal::{self, Header, Journal};
 use crate::{NotConfirmed, Selection};
 
 /// What a bulk command does to each letter.
@@ -35,6 +39,13 @@ impl Action {
             Action::Discard => "discard",
         }
     }
+
+    fn resolution(self) -> Resolution {
+        match self {
+            Action::Replay => Resolution::Replay,
+            Action::Discard => Resolution::Discard,
+        }
+    }
 }
 
 /// What happened to one letter.
@@ -48,6 +59,19 @@ struct Outcome {
     /// Whether a re-run of the same command would find nothing more to do for it: done, or
     /// refused for a reason a retry does not change. Transient failures are not settled.
     settled: bool,
+}
+
+impl Outcome {
+    /// The outcome as a bulk run records it, in the words the console records too.
+    fn recorded(&self) -> String {
+        match self.result {
+            "replayed" | "discarded" => "done".to_owned(),
+            "already_replayed" | "already_discarded" => "already done".to_owned(),
+            "not_found" => "not found".to_owned(),
+            "conflict" | "not_an_envelope" => format!("conflict: {}", self.message),
+            _ => self.message.clone(),
+        }
+    }
 }
 
 async fn act(
@@ -97,12 +121,13 @@ async fn act(
     }
 }
 
-/// Runs `action` over the selected letters; `queue` is where replays publish.
+/// Runs `action` over the selected letters; `queue` is where replays publish. A filtered run
+/// is journaled in the store's [`BulkRuns`] (the configuration no longer says where).
 pub(crate) async fn run(
     action: Action,
     store: &Store,
     queue: Option<&Queue>,
-    config: &Config,
+    _config: &Config,
     selection: Selection,
     out: &mut impl Write,
 ) -> Result<()> {
@@ -111,10 +136,11 @@ pub(crate) async fn run(
         || Arc::new(MemoryQueue::default()) as Arc<dyn jobs_core::QueuePort>,
         |q| q.publisher.clone(),
     );
-    let ops = DeadLetters::new(store.dead_letters(), publisher)
-        .acting_as(format!("jobsctl ({})", crate::operator()));
+    let by = format!("jobsctl ({})", crate::operator());
+    let ops = DeadLetters::new(store.dead_letters(), publisher).acting_as(by.clone());
     let tenant = selection.tenant;
-    let (ids, mut journal) = if selection.all {
+    let runs = store.bulk_runs();
+    let (ids, run) = if selection.all {
         let filter = DeadLetterFilter {
             status: Some(selection.status.unwrap_or(DeadLetterStatus::PendingReview)),
             queue: selection.queue.clone(),
@@ -124,59 +150,12 @@ pub(crate) async fn run(
             ..DeadLetterFilter::default()
         };
         let described = describe(&filter);
-        let store_url = config.get(&compose::DATABASE_URL).unwrap_or_default();
-        let dir = config.require(&compose::JOURNAL_DIR)?;
-        let path = journal::path_for(
-            std::path::Path::new(dir),
-            action.name(),
-            &format!("{store_url}\n{described}"),
-        );
-        let journal = match Journal::open_unfinished(&path)? {
-            Some(journal) => {
-                let left = journal.remaining().len();
-                confirm(
-                    &format!(
-                        "Resume the interrupted {} of dead letters matching {described}: {left} \
-                         of {} left?",
-                        action.name(),
-                        journal.header.ids.len()
-                    ),
-                    selection.yes,
-                )?;
-                eprintln!("resuming {}", journal.path().display());
-                journal
-            }
-            None => {
-                let ids = ops.matching(&filter).await?;
-                if ids.is_empty() {
-                    eprintln!("no dead letters match {described}: nothing to do");
-                    return Ok(());
-                }
-                confirm(
-                    &format!(
-                        "{} {} dead letters matching {described}?",
-                        capitalised(action.name()),
-                        ids.len()
-                    ),
-                    selection.yes,
-                )?;
-                let header = Header {
-                    action: action.name().to_owned(),
-                    filter: described,
-                    ids: ids.iter().map(|id| id.0).collect(),
-                    started_at_ms: SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                };
-                let journal = Journal::create(&path, header)?;
-                eprintln!(
-                    "journal {} (re-run the same command to resume after an interruption)",
-                    journal.path().display()
-                );
-                journal
-            }
+        let key = format!("{} {described}", action.name());
+        let Some(run) = start(action, &*runs, &ops, &filter, &key, &by, selection.yes).await?
+        else {
+            return Ok(());
         };
-        (journal.remaining(), Some(journal))
+        (run.pending().collect::<Vec<_>>(), Some(run))
     } else {
         (
             selection.ids.iter().map(|&id| DeadLetterId(id)).collect(),
@@ -205,8 +184,15 @@ pub(crate) async fn run(
         }
         out.flush()?;
         if outcome.settled {
-            if let Some(journal) = journal.as_mut() {
-                journal.settle(id, outcome.result)?;
+            if let Some(run) = &run {
+                runs.record_settled(run.id, id, &outcome.recorded())
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "recording dead letter {id} as settled in bulk run {}",
+                            run.id
+                        )
+                    })?;
             }
         } else {
             unsettled += 1;
@@ -229,14 +215,16 @@ pub(crate) async fn run(
     } else {
         writeln!(out, "{summary}")?;
     }
-    if let Some(journal) = journal {
+    if let Some(run) = run {
         if unsettled == 0 {
-            journal.finish()?;
+            runs.finish_run(run.id, SystemTime::now())
+                .await
+                .with_context(|| format!("closing bulk run {}", run.id))?;
         } else {
             eprintln!(
                 "{unsettled} failed for a reason that may pass: re-run the same command to retry \
-                 them (journal {})",
-                journal.path().display()
+                 them (bulk run {})",
+                run.id
             );
         }
     }
@@ -248,6 +236,62 @@ pub(crate) async fn run(
         ));
     }
     Ok(())
+}
+
+/// The run of `key`: the unfinished one, resumed once the operator confirms, else a new one
+/// over a snapshot of what `filter` matches now. `None` when nothing matches.
+async fn start(
+    action: Action,
+    runs: &dyn BulkRuns,
+    ops: &DeadLetters,
+    filter: &DeadLetterFilter,
+    key: &str,
+    by: &str,
+    yes: bool,
+) -> Result<Option<BulkRun>> {
+    let described = describe(filter);
+    if let Some(run) = runs.unfinished(key).await? {
+        confirm(
+            &format!(
+                "Resume the interrupted {} of dead letters matching {described}: {} of {} left?",
+                action.name(),
+                run.pending().count(),
+                run.total()
+            ),
+            yes,
+        )?;
+        eprintln!("resuming bulk run {} (started by {})", run.id, run.by);
+        return Ok(Some(run));
+    }
+    let ids = ops.matching(filter).await?;
+    if ids.is_empty() {
+        eprintln!("no dead letters match {described}: nothing to do");
+        return Ok(None);
+    }
+    confirm(
+        &format!(
+            "{} {} dead letters matching {described}?",
+            capitalised(action.name()),
+            ids.len()
+        ),
+        yes,
+    )?;
+    let run = runs
+        .start_run(key, action.resolution(), &ids, by, SystemTime::now())
+        .await?;
+    if run.ids == ids && run.done() == 0 {
+        eprintln!(
+            "bulk run {} (re-run the same command to resume after an interruption)",
+            run.id
+        );
+    } else {
+        // Another operator started the same run meanwhile: this one joins it.
+        eprintln!(
+            "resuming bulk run {} (started by {} meanwhile)",
+            run.id, run.by
+        );
+    }
+    Ok(Some(run))
 }
 
 fn capitalised(word: &str) -> String {

@@ -49,8 +49,8 @@ use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueues
 #[cfg(feature = "postgres")]
 use jobs_consumers::WorkerConfig;
 use jobs_core::{
-    Alerter, ConsumerPort, DeadLetterStore, ProcessedJobs, QueueDepth, QueuePort, RateLimiter,
-    StoreError, SystemClock,
+    Alerter, BulkRuns, ConsumerPort, DeadLetterStore, ProcessedJobs, QueueDepth, QueuePort,
+    RateLimiter, StoreError, SystemClock,
 };
 use thiserror::Error;
 
@@ -319,16 +319,6 @@ pub const QUEUES: Key = Key {
     about: "queues to report on, comma-separated (an array in jobs.toml)",
 };
 
-/// Where bulk dead-letter runs keep their journals.
-pub const JOURNAL_DIR: Key = Key {
-    name: "journal_dir",
-    flag: Some("--journal-dir"),
-    env: "JOBS_JOURNAL_DIR",
-    default: Some(".jobs/runs"),
-    secret: false,
-    about: "where bulk dead-letter runs keep their resumable journals",
-};
-
 /// Where a worker process serves `/healthz`, `/readyz` and `/metrics`.
 pub const HTTP_ADDR: Key = Key {
     name: "http_addr",
@@ -443,7 +433,6 @@ pub const KEYS: &[Key] = &[
     QSTASH_CURRENT_SIGNING_KEY,
     QSTASH_NEXT_SIGNING_KEY,
     QUEUES,
-    JOURNAL_DIR,
     HTTP_ADDR,
     LOG_FORMAT,
     CONCURRENCY,
@@ -851,6 +840,17 @@ impl Store {
 
     /// The dead-letter port.
     pub fn dead_letters(&self) -> Arc<dyn DeadLetterStore> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(s) => Arc::new(s.clone()),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => Arc::new(s.clone()),
+        }
+    }
+
+    /// The journal of bulk dead-letter runs, shared by every `jobsctl` and console on the
+    /// store.
+    pub fn bulk_runs(&self) -> Arc<dyn BulkRuns> {
         match self {
             #[cfg(feature = "sqlite")]
             Store::Sqlite(s) => Arc::new(s.clone()),

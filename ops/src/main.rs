@@ -6,7 +6,6 @@ mod cron;
 mod dead_letters;
 #[cfg(feature = "demo")]
 mod demo;
-mod journal;
 mod publish;
 mod qstash;
 mod validate;
@@ -73,10 +72,6 @@ struct ConfigFlags {
     /// [default: console].
     #[arg(long, global = true, value_name = "NAME")]
     alerter: Option<String>,
-    /// Where bulk dead-letter runs keep their journals [env: JOBS_JOURNAL_DIR]
-    /// [jobs.toml: journal_dir] [default: .jobs/runs].
-    #[arg(long, global = true, value_name = "DIR")]
-    journal_dir: Option<String>,
 }
 
 impl ConfigFlags {
@@ -87,7 +82,6 @@ impl ConfigFlags {
             ("--queue-url", &self.queue_url),
             ("--rate-limit-url", &self.rate_limit_url),
             ("--alerter", &self.alerter),
-            ("--journal-dir", &self.journal_dir),
         ] {
             if let Some(value) = value {
                 flags.insert(name, value.clone());
@@ -355,8 +349,8 @@ enum DeadLetterCommand {
     ///
     /// Replaying releases the job's claim in processed_jobs, then publishes under the dedup
     /// key dead-letter-ID: repeating a replay is harmless. With --all, the matching letters
-    /// are snapshotted into a journal under --journal-dir first; re-running the same command
-    /// after an interruption resumes that snapshot, so nothing is skipped (a letter marked
+    /// are snapshotted into a run journaled in the store (core.bulk_runs) first; re-running
+    /// the same command after an interruption, here or on any machine, resumes that run, so nothing is skipped (a letter marked
     /// replayed but not yet published is published) and nothing finished is done again.
     ///
     /// Examples:
@@ -577,7 +571,8 @@ async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -
         Console::without_sign_in(store.dead_letters(), queue.publisher.clone())
     } else {
         Console::new(store.dead_letters(), queue.publisher.clone(), tokens)
-    };
+    }
+    .bulk_runs(store.bulk_runs());
     if let Some(depth) = queue.depth.clone() {
         let names = listed(&queue).await?;
         console = console.depth(depth, names);

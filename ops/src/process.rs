@@ -70,8 +70,8 @@ use jobs_adapter_postgres::{PgQueue, PgStore};
 use jobs_adapter_sqlite::SqliteStore;
 use jobs_consumers::{CoalescingAlerter, Drained, Worker, WorkerBuilder, WorkerError};
 use jobs_core::{
-    ConsumerName, DeadLetterStore, NameError, QueueDepth, QueueName, QueuePort, SystemClock,
-    TenantDirectory, TenantFairness, WorkStore,
+    BulkRuns, ConsumerName, DeadLetterStore, NameError, QueueDepth, QueueName, QueuePort,
+    SystemClock, TenantDirectory, TenantFairness, WorkStore,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use thiserror::Error;
@@ -140,7 +140,7 @@ pub enum ProcessError {
 /// workers consume from the configuration. Implemented for `PgStore` (feature `postgres`)
 /// and `SqliteStore` (feature `sqlite`).
 #[async_trait]
-pub trait ProcessStore: WorkStore + DeadLetterStore + Clone
+pub trait ProcessStore: WorkStore + DeadLetterStore + BulkRuns + Clone
 where
     Self::Tx: Send,
 {
@@ -1209,7 +1209,8 @@ where
         .collect::<Result<_, String>>()
         .map_err(|e| refused(&CONSOLE_TOKENS, &e))?;
     let store: Arc<dyn DeadLetterStore> = Arc::new(opened.store.clone());
-    let mut console = Console::new(store, opened.publisher.clone(), tokens);
+    let mut console = Console::new(store, opened.publisher.clone(), tokens)
+        .bulk_runs(Arc::new(opened.store.clone()));
     if let Some(depth) = &opened.depth {
         let queues = workers.iter().map(|w| w.queue().clone()).collect();
         console = console.depth(depth.clone(), queues);

@@ -1,4 +1,5 @@
-//! The in-memory store: `processed_jobs` and dead letters with the SQL stores' semantics.
+//! The in-memory store: `processed_jobs`, dead letters and bulk runs with the SQL stores'
+//! semantics.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -7,9 +8,10 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use jobs_core::{
-    Claim, ConsumerName, DeadLetter, DeadLetterEvent, DeadLetterFilter, DeadLetterId,
-    DeadLetterStatus, DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded,
-    Resolution, StoreError, TenantId, Transition, WorkStore, WorkTransaction,
+    BulkRun, BulkRunId, BulkRuns, Claim, ConsumerName, DeadLetter, DeadLetterEvent,
+    DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, JobId, NewDeadLetter,
+    ProcessedJobs, QueueName, Recorded, Resolution, StoreError, TenantId, Transition, WorkStore,
+    WorkTransaction,
 };
 use tokio::sync::Notify;
 
@@ -45,6 +47,8 @@ struct State {
     /// Each letter's status changes, oldest first, written under the same lock as the change.
     history: HashMap<DeadLetterId, Vec<DeadLetterEvent>>,
     next_dead_letter: i64,
+    bulk_runs: BTreeMap<BulkRunId, BulkRun>,
+    next_bulk_run: i64,
 }
 
 impl State {
@@ -387,4 +391,94 @@ impl DeadLetterStore for MemoryStore {
     async fn history(&self, id: DeadLetterId) -> Result<Vec<DeadLetterEvent>, StoreError> {
         Ok(self.lock().history.get(&id).cloned().unwrap_or_default())
     }
+}
+
+/// Runs live under the store's lock, so a start of a key with an unfinished run finds it as
+/// the SQL stores' unique index of unfinished keys does.
+#[async_trait]
+impl BulkRuns for MemoryStore {
+    async fn start_run(
+        &self,
+        key: &str,
+        action: Resolution,
+        ids: &[DeadLetterId],
+        by: &str,
+        at: SystemTime,
+    ) -> Result<BulkRun, StoreError> {
+        let mut state = self.lock();
+        if let Some(run) = unfinished_of(&state, key) {
+            return Ok(run.clone());
+        }
+        state.next_bulk_run += 1;
+        let run = BulkRun {
+            id: BulkRunId(state.next_bulk_run),
+            key: key.to_owned(),
+            action,
+            ids: ids.to_vec(),
+            settled: BTreeMap::new(),
+            by: by.to_owned(),
+            started_at: at,
+            finished_at: None,
+        };
+        state.bulk_runs.insert(run.id, run.clone());
+        Ok(run)
+    }
+
+    async fn unfinished(&self, key: &str) -> Result<Option<BulkRun>, StoreError> {
+        Ok(unfinished_of(&self.lock(), key).cloned())
+    }
+
+    async fn record_settled(
+        &self,
+        run: BulkRunId,
+        id: DeadLetterId,
+        outcome: &str,
+    ) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        let Some(found) = state.bulk_runs.get_mut(&run) else {
+            return Err(StoreError::failed(format!("bulk run {run} not found")));
+        };
+        if !found.ids.contains(&id) {
+            return Err(StoreError::failed(format!(
+                "dead letter {id} is not in bulk run {run}"
+            )));
+        }
+        found
+            .settled
+            .entry(id)
+            .or_insert_with(|| outcome.to_owned());
+        Ok(())
+    }
+
+    async fn finish_run(&self, run: BulkRunId, at: SystemTime) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        let Some(found) = state.bulk_runs.get_mut(&run) else {
+            return Err(StoreError::failed(format!("bulk run {run} not found")));
+        };
+        found.finished_at.get_or_insert(at);
+        Ok(())
+    }
+
+    async fn run(&self, run: BulkRunId) -> Result<Option<BulkRun>, StoreError> {
+        Ok(self.lock().bulk_runs.get(&run).cloned())
+    }
+
+    async fn runs(&self, limit: u32) -> Result<Vec<BulkRun>, StoreError> {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        Ok(self
+            .lock()
+            .bulk_runs
+            .values()
+            .rev()
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+}
+
+fn unfinished_of<'a>(state: &'a State, key: &str) -> Option<&'a BulkRun> {
+    state
+        .bulk_runs
+        .values()
+        .find(|run| run.key == key && !run.is_finished())
 }

@@ -175,6 +175,14 @@ async fn memory_store_passes_the_store_contract() {
         .await;
 }
 
+#[tokio::test]
+async fn memory_store_passes_the_bulk_runs_contract() {
+    jobs_testkit::contract::store::run_bulk_runs(|| async {
+        jobs_adapter_memory::MemoryStore::default()
+    })
+    .await;
+}
+
 /// Whether `wait` is resolved without waiting: polled once, at a deadline already past.
 async fn resolved(wait: impl std::future::Future<Output = ()>) -> bool {
     tokio::time::timeout(Duration::ZERO, wait).await.is_ok()

@@ -1,7 +1,8 @@
 //! The PostgreSQL store of softcrum-jobs: `core.processed_jobs` claimed inside the work
-//! transaction, and `core.dead_letters`.
+//! transaction, `core.dead_letters`, and the journal of bulk runs over them.
 //!
-//! [`PgStore`] implements [`WorkStore`], [`ProcessedJobs`] and [`DeadLetterStore`](jobs_core::DeadLetterStore). A work
+//! [`PgStore`] implements [`WorkStore`], [`ProcessedJobs`], [`DeadLetterStore`](jobs_core::DeadLetterStore)
+//! and [`BulkRuns`](jobs_core::BulkRuns) (`core.bulk_runs`, `core.bulk_run_items`). A work
 //! transaction, [`PgWorkTx`], is a real PostgreSQL transaction: the handler writes its business
 //! rows through [`PgWorkTx::conn`], and those rows commit or roll back together with the claim
 //! of `(job_id, consumer)`. That is what makes a redelivered job a no-op rather than a second
@@ -42,6 +43,7 @@
 //! # }
 //! ```
 
+mod bulk_runs;
 mod convert;
 mod dead_letters;
 mod error;

@@ -1,8 +1,9 @@
 //! The SQLite store of softcrum-jobs, the embedded default: `processed_jobs` claimed inside the
 //! work transaction, and `dead_letters`, in one local file.
 //!
-//! [`SqliteStore`] implements [`WorkStore`], [`ProcessedJobs`] and [`DeadLetterStore`](jobs_core::DeadLetterStore) with the
-//! semantics of the PostgreSQL store. SQLite has no schemas, so the standard's
+//! [`SqliteStore`] implements [`WorkStore`], [`ProcessedJobs`], [`DeadLetterStore`](jobs_core::DeadLetterStore)
+//! and [`BulkRuns`](jobs_core::BulkRuns) (`bulk_runs`, `bulk_run_items`) with the semantics of
+//! the PostgreSQL store. SQLite has no schemas, so the standard's
 //! `core.processed_jobs` and `core.dead_letters` are the tables `processed_jobs` and
 //! `dead_letters`; UUIDs are stored as lower-case TEXT, times as INTEGER Unix milliseconds
 //! (finer digits are dropped), payloads as BLOBs. See ADR 0005.
@@ -35,6 +36,7 @@
 //! # }
 //! ```
 
+mod bulk_runs;
 mod convert;
 mod dead_letters;
 mod error;

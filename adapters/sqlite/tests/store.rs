@@ -97,6 +97,18 @@ async fn store_contract() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_runs_contract() {
+    with_files(|files| async move {
+        contract::store::run_bulk_runs(|| {
+            let files = Arc::clone(&files);
+            async move { files.store().await }
+        })
+        .await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn file_is_created_on_first_use_and_keeps_its_data() {
     with_files(|files| async move {

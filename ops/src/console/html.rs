@@ -37,7 +37,7 @@ pub(crate) fn page(title: &str, signed_in: Option<&str>, body: &str) -> String {
     let nav = match signed_in {
         Some(csrf) => format!(
             "<nav><a href=\"/\">Overview</a> <a href=\"/letters\">Dead letters</a> \
-             <a href=\"/cron\">Cron</a>\
+             <a href=\"/runs\">Bulk runs</a> <a href=\"/cron\">Cron</a>\
              <form method=\"post\" action=\"/logout\" class=\"inline\">\
              <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
              <button>Sign out</button></form></nav>",

@@ -17,6 +17,7 @@
 //! a payload or an error renders as text.
 
 mod auth;
+mod bulk;
 mod html;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -32,8 +33,9 @@ use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use jobs_consumers::{DeadLetters, ReplayError};
 use jobs_core::{
-    CorrelationId, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
-    JobId, Kind, QueueDepth, QueueName, QueuePort, Resolution, TenantId, Transition,
+    BulkRuns, CorrelationId, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
+    DeadLetterStore, JobId, Kind, QueueDepth, QueueName, QueuePort, Resolution, TenantId,
+    Transition,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -50,6 +52,8 @@ const COUNTED: u32 = 5_000;
 const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// Samples kept per queue: the last ten minutes.
 const SAMPLES: usize = 120;
+/// Replays a bulk run publishes a second, unless [`Console::replay_rate`] says otherwise.
+pub const DEFAULT_REPLAY_RATE: u32 = 20;
 
 /// The console over a store's dead letters and a transport.
 pub struct Console {
@@ -62,6 +66,9 @@ pub struct Console {
     /// [`SAMPLE_EVERY`] from the first overview on.
     samples: Mutex<HashMap<QueueName, VecDeque<u64>>>,
     sampling: std::sync::Once,
+    runs: Option<Arc<dyn BulkRuns>>,
+    replay_rate: u32,
+    executing: bulk::Executing,
 }
 
 impl Console {
@@ -80,6 +87,9 @@ impl Console {
             gate: Gate::new(tokens),
             samples: Mutex::default(),
             sampling: std::sync::Once::new(),
+            runs: None,
+            replay_rate: DEFAULT_REPLAY_RATE,
+            executing: bulk::Executing::default(),
         }
     }
 
@@ -143,6 +153,20 @@ impl Console {
         self
     }
 
+    /// Offers bulk replays and discards of every letter a filter matches, journaled in `runs`
+    /// so that every console instance and `jobsctl` see them and can resume them.
+    pub fn bulk_runs(mut self, runs: Arc<dyn BulkRuns>) -> Self {
+        self.runs = Some(runs);
+        self
+    }
+
+    /// Publishes a bulk run's replays at most `per_second` a second (at least 1), so that a
+    /// thousand replays do not land on the queue at once; [`DEFAULT_REPLAY_RATE`] unless set.
+    pub fn replay_rate(mut self, per_second: u32) -> Self {
+        self.replay_rate = per_second.max(1);
+        self
+    }
+
     /// The console's routes, to mount at the root of a listener (its links are absolute).
     pub fn router(self) -> Router {
         Router::new()
@@ -154,6 +178,11 @@ impl Console {
             .route("/letters/{id}", get(letter))
             .route("/letters/{id}/replay", post(replay))
             .route("/letters/{id}/discard", post(discard))
+            .route("/bulk", post(bulk::ask))
+            .route("/bulk/confirm", post(bulk::start))
+            .route("/runs", get(bulk::runs_page))
+            .route("/runs/{id}", get(bulk::run_page))
+            .route("/runs/{id}/resume", post(bulk::resume))
             .route("/cron", get(cron))
             .route("/assets/console.css", get(css))
             .route("/assets/console.js", get(js))
@@ -622,6 +651,9 @@ async fn letters(
         value(&query.since),
         value(&query.q),
     );
+    if console.runs.is_some() && set(&query.q).is_none() && set(&query.since).is_none() {
+        body.push_str(&bulk_forms(&query, &session));
+    }
     if shown.is_empty() {
         body.push_str("<p class=\"note\">No dead letter matches.</p>");
     } else {
@@ -658,6 +690,36 @@ async fn letters(
     html_page(
         StatusCode::OK,
         page("Dead letters", Some(&session.csrf), &body),
+    )
+}
+
+/// The list's bulk actions: over the letters waiting for review that its filter matches; each
+/// goes to a confirmation stating the count first.
+fn bulk_forms(query: &ListQuery, session: &Session) -> String {
+    let mut fields = format!(
+        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
+        escape(&session.csrf)
+    );
+    for (name, value) in [
+        ("queue", &query.queue),
+        ("tenant", &query.tenant),
+        ("kind", &query.kind),
+    ] {
+        if let Some(value) = set(value) {
+            fields.push_str(&format!(
+                "<input type=\"hidden\" name=\"{name}\" value=\"{}\">",
+                escape(value)
+            ));
+        }
+    }
+    format!(
+        "<p>Every letter waiting for review that this filter matches: \
+         <form method=\"post\" action=\"/bulk\" class=\"inline\">{fields}\
+         <input type=\"hidden\" name=\"action\" value=\"replay\">\
+         <button id=\"bulk-replay\">Replay all…</button></form>\
+         <form method=\"post\" action=\"/bulk\" class=\"inline\">{fields}\
+         <input type=\"hidden\" name=\"action\" value=\"discard\">\
+         <button id=\"bulk-discard\" class=\"danger\">Discard all…</button></form></p>"
     )
 }
 

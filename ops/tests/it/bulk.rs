@@ -1,5 +1,6 @@
 //! The real `jobsctl` over dead letters a real worker produced, on SQLite and on PostgreSQL:
-//! list, show, replay, discard, and a bulk replay interrupted halfway then resumed.
+//! list, show, replay, discard, and a bulk replay interrupted halfway then resumed from the
+//! run journaled in the store.
 
 use std::collections::BTreeSet;
 use std::process::{Command, Output, Stdio};
@@ -12,8 +13,9 @@ use jobs_adapter_postgres::PgStore;
 use jobs_adapter_sqlite::SqliteStore;
 use jobs_consumers::{Handler, Job, JobError, Outcome, Worker};
 use jobs_core::{
-    ConsumerName, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
-    JobId, ProcessedJobs, PublishOptions, QueueName, QueuePort, TenantId, WorkStore,
+    BulkRuns, ConsumerName, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
+    DeadLetterStore, JobId, ProcessedJobs, PublishOptions, QueueName, QueuePort, Resolution,
+    TenantId, WorkStore,
 };
 
 use crate::cli::TempDb;
@@ -100,11 +102,10 @@ where
     (of(1), of(2))
 }
 
-fn jobsctl(url: &str, journal: &std::path::Path, args: &[&str]) -> Output {
+fn jobsctl(url: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_jobsctl"))
         .args(args)
-        .args(["--database-url", url, "--journal-dir"])
-        .arg(journal)
+        .args(["--database-url", url])
         .env_remove("DATABASE_URL")
         .env_remove("JOBS_QUEUE_URL")
         .env_remove("JOBS_CONFIG")
@@ -136,20 +137,17 @@ async fn status(store: &dyn DeadLetterStore, id: DeadLetterId) -> DeadLetterStat
 }
 
 /// Everything the operator does to dead letters, against the store at `url`, replaying to the
-/// queue at `queue_url`. Returns the job ids replayed, in no particular order.
+/// queue at `queue_url`; `runs` is the store's journal of bulk runs. Returns the job ids
+/// replayed, in no particular order.
 async fn review(
     url: &str,
     queue_url: &str,
     store: Arc<dyn DeadLetterStore>,
     processed: Arc<dyn ProcessedJobs>,
+    runs: Arc<dyn BulkRuns>,
 ) -> BTreeSet<JobId> {
     let (mine, theirs) = (store.clone(), processed);
-    let journal = std::env::temp_dir().join(format!(
-        "jobsctl-journal-{}-{}",
-        std::process::id(),
-        JobId::generate()
-    ));
-    let run = |args: &[&str]| jobsctl(url, &journal, args);
+    let run = |args: &[&str]| jobsctl(url, args);
     let all = store
         .list(&DeadLetterFilter::default())
         .await
@@ -237,6 +235,10 @@ async fn review(
     for &id in &ones {
         assert_eq!(status(&*mine, id).await, DeadLetterStatus::PendingReview);
     }
+    assert!(
+        runs.runs(10).await.expect("runs").is_empty(),
+        "an unconfirmed run is not started"
+    );
 
     // interrupted after two letters...
     let first = run(&[&bulk[..], &["--yes", "--stop-after", "2"]].concat());
@@ -253,6 +255,33 @@ async fn review(
             (ones[1].0, "replayed".to_owned())
         ]
     );
+    // ...journaled in the store, where every operator's tool sees it: its snapshot, and the two
+    // letters settled...
+    let key = format!("replay status=pending_review tenant={tenant1}");
+    let interrupted = runs.runs(10).await.expect("runs");
+    assert_eq!(interrupted.len(), 1, "{interrupted:?}");
+    let journaled = &interrupted[0];
+    assert_eq!(
+        (
+            journaled.key.as_str(),
+            journaled.action,
+            journaled.ids.as_slice(),
+            journaled.is_finished()
+        ),
+        (key.as_str(), Resolution::Replay, ones.as_slice(), false),
+        "the snapshot of tenant 1's pending letters, in id order"
+    );
+    assert!(
+        journaled.by.starts_with("jobsctl ("),
+        "started by jobsctl: {}",
+        journaled.by
+    );
+    assert_eq!(
+        journaled.settled,
+        [(ones[0], "done".to_owned()), (ones[1], "done".to_owned())].into(),
+        "the two letters settled before the interruption"
+    );
+    assert_eq!(journaled.pending().collect::<Vec<_>>(), ones[2..]);
     // ...and the third marked replayed but never published, as a crash between the two would
     // leave it: it no longer matches pending_review, yet the resumed run must publish it.
     mine.transition(
@@ -285,17 +314,59 @@ async fn review(
     for &id in &ones {
         assert_eq!(status(&*mine, id).await, DeadLetterStatus::Replayed);
     }
+    let resumed = runs
+        .run(journaled.id)
+        .await
+        .expect("read the run")
+        .expect("the run");
+    assert!(
+        resumed.is_finished(),
+        "the resumed run is closed: {resumed:?}"
+    );
+    assert_eq!(
+        resumed.settled,
+        [
+            (ones[0], "done".to_owned()),
+            (ones[1], "done".to_owned()),
+            (ones[2], "already done".to_owned()),
+            (ones[3], "done".to_owned()),
+        ]
+        .into(),
+        "every letter of the snapshot settled exactly once"
+    );
     let third = run(&[&bulk[..], &["--yes"]].concat());
     assert!(
         third.status.success() && third.stdout.is_empty(),
         "a finished run is not resumed, and nothing matches any more: {third:?}"
+    );
+    assert_eq!(
+        runs.runs(10).await.expect("runs").len(),
+        1,
+        "nothing to do starts no run"
     );
 
     // bulk discard of what is still pending: the poison letter only
     let discard = run(&["dead-letters", "discard", "--all", "--yes", "--json"]);
     assert!(discard.status.success(), "{discard:?}");
     assert_eq!(results(&discard), [(poison.0, "discarded".to_owned())]);
-    let _ = std::fs::remove_dir_all(&journal);
+    let listed = runs.runs(10).await.expect("runs");
+    assert_eq!(
+        listed.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+        ["discard status=pending_review", key.as_str()],
+        "the newest run first"
+    );
+    assert_eq!(
+        (
+            listed[0].action,
+            listed[0].is_finished(),
+            listed[0].settled.clone()
+        ),
+        (
+            Resolution::Discard,
+            true,
+            [(poison, "done".to_owned())].into()
+        ),
+    );
     let mut replayed = BTreeSet::from([job]);
     for id in ones {
         let letter = store.get(id).await.expect("get").expect("exists");
@@ -317,6 +388,7 @@ async fn dead_letters_from_a_real_worker_are_reviewed_replayed_and_discarded_on_
         "memory:",
         Arc::new(store.clone()),
         Arc::new(store.clone()),
+        Arc::new(store.clone()),
     )
     .await;
     store.pool().close().await;
@@ -333,6 +405,7 @@ async fn dead_letters_from_a_real_worker_are_reviewed_replayed_and_discarded_on_
     let replayed = review(
         &db.url,
         &queue_url,
+        Arc::new(store.clone()),
         Arc::new(store.clone()),
         Arc::new(store.clone()),
     )

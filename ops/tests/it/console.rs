@@ -90,6 +90,8 @@ async fn serve() -> Served {
     ];
     let router = Console::new(Arc::new(store.clone()), Arc::new(queue.clone()), tokens)
         .depth(Arc::new(queue.clone()), vec![queue_name()])
+        .bulk_runs(Arc::new(store.clone()))
+        .replay_rate(1_000)
         .router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -420,4 +422,90 @@ async fn markup_in_a_payload_or_an_error_renders_as_text() {
         .unwrap_or_default()
         .to_owned();
     assert!(policy.contains("script-src 'self'"), "{policy}");
+}
+
+/// Runs `path`'s bulk form for `action` (`queue`: the filter) through its confirmation, and
+/// waits for the run to finish: the confirmation page, and the run's page at the end.
+async fn bulk(s: &Served, cookie: &str, action: &str, queue: &str) -> (String, String) {
+    let (_, list) = s
+        .get(Some(cookie), &format!("/letters?queue={queue}"))
+        .await;
+    let csrf = csrf_of(&list);
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("action", action),
+        ("queue", queue),
+    ];
+    let asked = s
+        .client
+        .post(format!("{}/bulk", s.base))
+        .header(COOKIE, cookie)
+        .header(ORIGIN, &s.base)
+        .form(&form)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(asked.status(), StatusCode::OK);
+    let confirmation = asked.text().await.expect("a body");
+    let started = s
+        .client
+        .post(format!("{}/bulk/confirm", s.base))
+        .header(COOKIE, cookie)
+        .header(ORIGIN, &s.base)
+        .form(&form)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(started.status(), StatusCode::SEE_OTHER);
+    let run = started
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .expect("the run's page")
+        .to_owned();
+    for _ in 0..200 {
+        let (_, page) = s.get(Some(cookie), &run).await;
+        if page.contains("<span id=\"state\">finished</span>") {
+            return (confirmation, page);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the bulk run at {run} did not finish");
+}
+
+#[tokio::test]
+async fn a_bulk_discard_states_its_count_first_and_settles_every_matching_letter_once() {
+    let s = serve().await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let (confirmation, run) = bulk(&s, &cookie, "discard", "billing.invoices").await;
+    assert!(
+        confirmation.contains("Discard 5 letters waiting for review"),
+        "{confirmation}"
+    );
+    assert!(
+        run.contains("<span id=\"done\">5</span> of 5 letters"),
+        "{run}"
+    );
+    for id in &s.ids {
+        assert_eq!(s.status(*id).await, DeadLetterStatus::Discarded);
+    }
+    let runs = jobs_core::BulkRuns::runs(&s.store, 10).await.expect("runs");
+    assert_eq!(runs.len(), 1, "one run, journaled in the store");
+    assert_eq!(runs[0].done(), 5);
+    assert!(runs[0].is_finished());
+    assert_eq!(runs[0].by, "console (operator)");
+}
+
+#[tokio::test]
+async fn a_tenants_bulk_run_touches_its_own_letters_only() {
+    let s = serve().await;
+    let cookie = s.sign_in(TENANT_ONE).await;
+    let (confirmation, _) = bulk(&s, &cookie, "discard", "billing.invoices").await;
+    assert!(confirmation.contains("Discard 3 letters"), "{confirmation}");
+    for own in &s.ids[..3] {
+        assert_eq!(s.status(*own).await, DeadLetterStatus::Discarded);
+    }
+    for other in &s.ids[3..] {
+        assert_eq!(s.status(*other).await, DeadLetterStatus::PendingReview);
+    }
 }

@@ -8,15 +8,20 @@
 //! pending, so a dead letter that was written but whose message was not acked does not become a
 //! second pending letter when the message comes back.
 //!
+//! [`run_bulk_runs`] checks [`BulkRuns`], the journal of bulk replays and discards that every
+//! operator's tool shares: a run keeps its snapshot, resumes by key until finished, and counts
+//! each letter once.
+//!
 //! Times are compared at millisecond precision: that is what every engine keeps at least.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jobs_core::{
-    Claim, ConsumerName, DeadLetter, DeadLetterEvent, DeadLetterFilter, DeadLetterId,
-    DeadLetterStatus, DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs, QueueName, Recorded,
-    StoreError, Transition, WorkStore, WorkTransaction,
+    BulkRun, BulkRunId, BulkRuns, Claim, ConsumerName, DeadLetter, DeadLetterEvent,
+    DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, JobId, NewDeadLetter,
+    ProcessedJobs, QueueName, Recorded, Resolution, StoreError, Transition, WorkStore,
+    WorkTransaction,
 };
 
 use crate::fixtures;
@@ -47,6 +52,19 @@ where
     transitions_only_the_tenants_dead_letters(make().await).await;
     purges_processed_jobs_in_bounded_batches(make().await).await;
     a_dead_letter_settles_the_claim_until_replayed(make().await).await;
+}
+
+/// Runs every check of the bulk-run journal ([`BulkRuns`]), each on a fresh, migrated, empty
+/// store from `make`: for the stores that journal bulk runs, beside [`run`].
+pub async fn run_bulk_runs<S, F, Fut>(make: F)
+where
+    S: BulkRuns,
+    F: Fn() -> Fut,
+    Fut: Future<Output = S>,
+{
+    journals_bulk_runs_for_every_operator(make().await).await;
+    concurrent_starts_of_a_key_get_one_run(make().await).await;
+    records_only_the_letters_of_a_known_run(make().await).await;
 }
 
 /// A fixed instant with sub-millisecond digits, `secs` seconds after the base, so that engines
@@ -1442,4 +1460,340 @@ pub async fn a_dead_letter_settles_the_claim_until_replayed<S: WorkStore + DeadL
         "{check}: a discarded job stays settled"
     );
     commit(check, tx).await;
+}
+
+fn ids(ns: &[i64]) -> Vec<DeadLetterId> {
+    ns.iter().copied().map(DeadLetterId).collect()
+}
+
+async fn start_run<S: BulkRuns>(
+    check: &str,
+    store: &S,
+    key: &str,
+    action: Resolution,
+    snapshot: &[DeadLetterId],
+    by: &str,
+    at: SystemTime,
+) -> BulkRun {
+    store
+        .start_run(key, action, snapshot, by, at)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: start_run {key:?}: {e}"))
+}
+
+async fn record_settled<S: BulkRuns>(
+    check: &str,
+    store: &S,
+    run: BulkRunId,
+    n: i64,
+    outcome: &str,
+) {
+    store
+        .record_settled(run, DeadLetterId(n), outcome)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: record_settled {n} in run {run}: {e}"));
+}
+
+async fn bulk_run<S: BulkRuns>(check: &str, store: &S, run: BulkRunId) -> BulkRun {
+    store
+        .run(run)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: run {run}: {e}"))
+        .unwrap_or_else(|| panic!("{check}: run {run} not found"))
+}
+
+async fn bulk_runs<S: BulkRuns>(check: &str, store: &S, limit: u32) -> Vec<BulkRunId> {
+    store
+        .runs(limit)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: runs({limit}): {e}"))
+        .iter()
+        .map(|run| run.id)
+        .collect()
+}
+
+/// Every operator's tool sees the same runs: a start answers the run with its snapshot in
+/// order and nothing settled; another start of the same key resumes that run unchanged, even
+/// with other ids; another key is another run. Each letter is recorded once, so progress
+/// counts letters, not records, and `pending` shrinks in snapshot order. A finished run is no
+/// longer resumed: its key starts a new one. `runs` lists the newest first within its limit;
+/// an unknown run is `None`.
+pub async fn journals_bulk_runs_for_every_operator<S: BulkRuns>(store: S) {
+    let check = "journals_bulk_runs_for_every_operator";
+    let key = "replay status=pending_review queue=contract.bulk";
+    let snapshot = ids(&[7, 3, 12, 5]);
+    let alice = "jobsctl (alice)";
+    let first = start_run(
+        check,
+        &store,
+        key,
+        Resolution::Replay,
+        &snapshot,
+        alice,
+        time(1),
+    )
+    .await;
+    assert_eq!(
+        (
+            first.key.as_str(),
+            first.action,
+            &first.ids,
+            first.by.as_str(),
+            truncate_ms(first.started_at),
+            first.finished_at,
+        ),
+        (
+            key,
+            Resolution::Replay,
+            &snapshot,
+            alice,
+            truncate_ms(time(1)),
+            None
+        ),
+        "{check}: the new run, its snapshot in the order given"
+    );
+    assert_eq!(
+        (first.total(), first.done(), first.is_finished()),
+        (4, 0, false),
+        "{check}: nothing settled yet"
+    );
+    assert_eq!(
+        first.pending().collect::<Vec<_>>(),
+        snapshot,
+        "{check}: all pending, in order"
+    );
+    assert_eq!(
+        store
+            .unfinished(key)
+            .await
+            .unwrap_or_else(|e| panic!("{check}: unfinished: {e}"))
+            .map(|run| run.id),
+        Some(first.id),
+        "{check}: the unfinished run of the key"
+    );
+
+    let resumed = start_run(
+        check,
+        &store,
+        key,
+        Resolution::Replay,
+        &ids(&[99, 3]),
+        "console (operator)",
+        time(2),
+    )
+    .await;
+    assert_eq!(
+        at_ms_run(resumed),
+        at_ms_run(first.clone()),
+        "{check}: the same key resumes the unfinished run, unchanged, whatever the ids now"
+    );
+    let other_key = "discard status=pending_review queue=contract.bulk";
+    let other = start_run(
+        check,
+        &store,
+        other_key,
+        Resolution::Discard,
+        &ids(&[3]),
+        alice,
+        time(3),
+    )
+    .await;
+    assert_ne!(other.id, first.id, "{check}: another key is another run");
+    assert_eq!(
+        (other.action, other.ids.clone()),
+        (Resolution::Discard, ids(&[3])),
+        "{check}: the other run's own action and snapshot"
+    );
+
+    record_settled(check, &store, first.id, 3, "done").await;
+    record_settled(check, &store, first.id, 3, "conflict: discarded").await;
+    record_settled(check, &store, first.id, 7, "already done").await;
+    let progressed = bulk_run(check, &store, first.id).await;
+    assert_eq!(
+        (progressed.total(), progressed.done()),
+        (4, 2),
+        "{check}: a letter recorded twice counts once"
+    );
+    assert_eq!(
+        progressed.settled,
+        [
+            (DeadLetterId(3), "done".to_owned()),
+            (DeadLetterId(7), "already done".to_owned())
+        ]
+        .into(),
+        "{check}: the first outcome of each letter is kept"
+    );
+    assert_eq!(
+        progressed.pending().collect::<Vec<_>>(),
+        ids(&[12, 5]),
+        "{check}: pending shrinks, in snapshot order"
+    );
+    assert_eq!(
+        bulk_run(check, &store, other.id).await.done(),
+        0,
+        "{check}: records belong to their run only"
+    );
+    let resumed = start_run(
+        check,
+        &store,
+        key,
+        Resolution::Replay,
+        &snapshot,
+        alice,
+        time(4),
+    )
+    .await;
+    assert_eq!(
+        (resumed.id, resumed.settled.clone()),
+        (first.id, progressed.settled.clone()),
+        "{check}: a resumed run answers its progress"
+    );
+
+    record_settled(check, &store, first.id, 12, "done").await;
+    record_settled(check, &store, first.id, 5, "not found").await;
+    store
+        .finish_run(first.id, time(5))
+        .await
+        .unwrap_or_else(|e| panic!("{check}: finish_run: {e}"));
+    let finished = bulk_run(check, &store, first.id).await;
+    assert_eq!(
+        (
+            finished.is_finished(),
+            finished.finished_at.map(truncate_ms),
+            finished.done(),
+            finished.pending().count()
+        ),
+        (true, Some(truncate_ms(time(5))), 4, 0),
+        "{check}: finished, every letter settled"
+    );
+    assert!(
+        store
+            .unfinished(key)
+            .await
+            .unwrap_or_else(|e| panic!("{check}: unfinished: {e}"))
+            .is_none(),
+        "{check}: a finished run is not the unfinished one of its key"
+    );
+    let again = start_run(
+        check,
+        &store,
+        key,
+        Resolution::Replay,
+        &ids(&[40, 41]),
+        alice,
+        time(6),
+    )
+    .await;
+    assert_ne!(
+        again.id, first.id,
+        "{check}: a finished run's key starts a new run"
+    );
+    assert_eq!(
+        (again.ids.clone(), again.done(), again.is_finished()),
+        (ids(&[40, 41]), 0, false),
+        "{check}: the new run's own snapshot"
+    );
+
+    assert_eq!(
+        bulk_runs(check, &store, 10).await,
+        [again.id, other.id, first.id],
+        "{check}: the newest runs first"
+    );
+    assert_eq!(
+        bulk_runs(check, &store, 2).await,
+        [again.id, other.id],
+        "{check}: at most the limit"
+    );
+    let listed = store
+        .runs(10)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: runs: {e}"));
+    assert_eq!(
+        listed.iter().map(|run| run.done()).collect::<Vec<_>>(),
+        [0, 0, 4],
+        "{check}: listed runs carry their progress"
+    );
+    let unknown = BulkRunId(again.id.0 + 1_000);
+    assert_eq!(
+        store
+            .run(unknown)
+            .await
+            .unwrap_or_else(|e| panic!("{check}: run {unknown}: {e}")),
+        None,
+        "{check}: an unknown run"
+    );
+}
+
+/// A run with its times truncated to milliseconds, for comparison.
+fn at_ms_run(mut run: BulkRun) -> BulkRun {
+    run.started_at = truncate_ms(run.started_at);
+    run.finished_at = run.finished_at.map(truncate_ms);
+    run
+}
+
+/// Two operators starting the same run at once get the same run: at most one unfinished run
+/// per key, whoever wins the race.
+pub async fn concurrent_starts_of_a_key_get_one_run<S: BulkRuns>(store: S) {
+    let check = "concurrent_starts_of_a_key_get_one_run";
+    let key = "discard status=pending_review kind=contract.race";
+    let (alices, bobs) = (ids(&[1, 2]), ids(&[1, 2, 3]));
+    let (a, b) = tokio::join!(
+        store.start_run(
+            key,
+            Resolution::Discard,
+            &alices,
+            "jobsctl (alice)",
+            time(1)
+        ),
+        store.start_run(key, Resolution::Discard, &bobs, "console (bob)", time(1)),
+    );
+    let (a, b) = (
+        a.unwrap_or_else(|e| panic!("{check}: alice's start: {e}")),
+        b.unwrap_or_else(|e| panic!("{check}: bob's start: {e}")),
+    );
+    assert_eq!(at_ms_run(a), at_ms_run(b), "{check}: one run for both");
+    assert_eq!(
+        bulk_runs(check, &store, 10).await.len(),
+        1,
+        "{check}: no second run of the key"
+    );
+}
+
+/// A record names a letter of a known run's snapshot: anything else is refused, so a caller
+/// that mixed up its runs learns it rather than corrupting another run's progress.
+pub async fn records_only_the_letters_of_a_known_run<S: BulkRuns>(store: S) {
+    let check = "records_only_the_letters_of_a_known_run";
+    let run = start_run(
+        check,
+        &store,
+        "replay status=pending_review tenant=contract",
+        Resolution::Replay,
+        &ids(&[10, 11]),
+        "contract",
+        time(1),
+    )
+    .await;
+    let foreign = store.record_settled(run.id, DeadLetterId(12), "done").await;
+    assert!(
+        matches!(foreign, Err(StoreError::Failed { .. })),
+        "{check}: an id outside the snapshot: {foreign:?}"
+    );
+    let unknown = BulkRunId(run.id.0 + 1_000);
+    let missing = store
+        .record_settled(unknown, DeadLetterId(10), "done")
+        .await;
+    assert!(
+        matches!(missing, Err(StoreError::Failed { .. })),
+        "{check}: an unknown run: {missing:?}"
+    );
+    let unfinishable = store.finish_run(unknown, time(2)).await;
+    assert!(
+        matches!(unfinishable, Err(StoreError::Failed { .. })),
+        "{check}: finishing an unknown run: {unfinishable:?}"
+    );
+    assert_eq!(
+        bulk_run(check, &store, run.id).await.done(),
+        0,
+        "{check}: nothing was recorded"
+    );
 }

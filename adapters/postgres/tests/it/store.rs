@@ -33,6 +33,18 @@ async fn store_contract() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_runs_contract() {
+    with_databases(|dbs| async move {
+        contract::store::run_bulk_runs(|| {
+            let dbs = Arc::clone(&dbs);
+            async move { dbs.store().await }
+        })
+        .await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn migrate_twice_is_fine() {
     with_databases(|dbs| async move {

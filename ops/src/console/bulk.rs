@@ -1,0 +1,449 @@
+//! Bulk actions: replay or discard every letter waiting for review that a filter matches, as a
+//! run journaled in the store ([`BulkRuns`]), so that every console instance and `jobsctl`
+//! see it, its progress, and can resume it where it stopped.
+//!
+//! The operator asks from the list page; a confirmation page states how many letters the run
+//! will touch; the run snapshots their ids, settles them one by one in the background
+//! (replays spread over time at [`Console::replay_rate`] a second, so a thousand replays do
+//! not land on the queue at once) and records each; its page shows the progress until it
+//! finishes. A run whose process stopped half-way is resumed from its page, or by starting
+//! the same action on the same filter again.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use jobs_core::{BulkRun, BulkRunId, DeadLetterFilter, DeadLetterStatus, Resolution};
+use serde::Deserialize;
+
+use super::auth::Session;
+use super::html::{escape, page};
+use super::{
+    Acted, Console, ListQuery, Shared, act, authorised_post, filter_of, html_page, problem,
+    redirect, time, unauthorised, who,
+};
+
+/// The runs this console instance is executing now, so that a resume does not start a
+/// second executor beside the first.
+#[derive(Default)]
+pub(crate) struct Executing(Mutex<HashSet<BulkRunId>>);
+
+impl Executing {
+    fn claim(&self, run: BulkRunId) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(run)
+    }
+
+    fn release(&self, run: BulkRunId) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&run);
+    }
+
+    fn contains(&self, run: BulkRunId) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&run)
+    }
+}
+
+/// A bulk request: the action, the list's filter, the form token.
+#[derive(Deserialize)]
+pub(crate) struct BulkForm {
+    action: String,
+    csrf: String,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    tenant: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+impl BulkForm {
+    fn resolution(&self) -> Option<Resolution> {
+        match self.action.as_str() {
+            "replay" => Some(Resolution::Replay),
+            "discard" => Some(Resolution::Discard),
+            _ => None,
+        }
+    }
+
+    /// The letters waiting for review that the form's filter matches, as `session` may
+    /// touch them.
+    fn filter(&self, session: &Session) -> Result<DeadLetterFilter, String> {
+        let query = ListQuery {
+            status: Some(DeadLetterStatus::PendingReview.as_str().to_owned()),
+            queue: self.queue.clone(),
+            tenant: self.tenant.clone(),
+            kind: self.kind.clone(),
+            ..ListQuery::default()
+        };
+        let mut filter = filter_of(&query, session)?;
+        filter.newest_first = false;
+        filter.before = None;
+        filter.limit = 500;
+        Ok(filter)
+    }
+}
+
+fn action_name(resolution: Resolution) -> &'static str {
+    match resolution {
+        Resolution::Replay => "replay",
+        Resolution::Discard => "discard",
+    }
+}
+
+/// The run's key: the action and the filter, as `jobsctl` writes it, so that both resume the
+/// same runs.
+fn key(resolution: Resolution, filter: &DeadLetterFilter) -> String {
+    let mut parts = vec![
+        action_name(resolution).to_owned(),
+        format!(
+            "status={}",
+            filter.status.map_or("any", DeadLetterStatus::as_str)
+        ),
+    ];
+    if let Some(queue) = &filter.queue {
+        parts.push(format!("queue={}", queue.as_str()));
+    }
+    if let Some(tenant) = filter.tenant_id {
+        parts.push(format!("tenant={tenant}"));
+    }
+    if let Some(kind) = &filter.kind {
+        parts.push(format!("kind={}", kind.as_str()));
+    }
+    parts.join(" ")
+}
+
+/// Whether `session` may see `run`: a tenant's session, only the runs over its own letters.
+fn visible(session: &Session, run: &BulkRun) -> bool {
+    session
+        .tenant
+        .is_none_or(|t| run.key.split(' ').any(|part| part == format!("tenant={t}")))
+}
+
+fn hidden_fields(form: &BulkForm, csrf: &str) -> String {
+    let mut fields = format!(
+        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         <input type=\"hidden\" name=\"action\" value=\"{}\">",
+        escape(csrf),
+        escape(&form.action)
+    );
+    for (name, value) in [
+        ("queue", &form.queue),
+        ("tenant", &form.tenant),
+        ("kind", &form.kind),
+    ] {
+        if let Some(value) = value {
+            fields.push_str(&format!(
+                "<input type=\"hidden\" name=\"{name}\" value=\"{}\">",
+                escape(value)
+            ));
+        }
+    }
+    fields
+}
+
+/// `POST /bulk`: the confirmation, stating how many letters the run will touch.
+pub(crate) async fn ask(
+    State(console): Shared,
+    headers: HeaderMap,
+    Form(form): Form<BulkForm>,
+) -> Response {
+    let session = match authorised_post(&console, &headers, &form.csrf) {
+        Ok(session) => session,
+        Err(refused) => return *refused,
+    };
+    let (Some(resolution), Some(_)) = (form.resolution(), console.runs.as_ref()) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            &session,
+            "no such bulk action here",
+        );
+    };
+    let filter = match form.filter(&session) {
+        Ok(filter) => filter,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, &session, &e),
+    };
+    let ids = match console.actions.matching(&filter).await {
+        Ok(ids) => ids,
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    };
+    let described = key(resolution, &filter);
+    let body = if ids.is_empty() {
+        "<p class=\"note\">No letter waiting for review matches: nothing to do.</p>".to_owned()
+    } else {
+        format!(
+            "<p id=\"confirm-count\">{} {} letters waiting for review that match \
+             <code>{}</code>?</p>{}\
+             <form method=\"post\" action=\"/bulk/confirm\">{}\
+             <button id=\"confirm\" class=\"danger\">{} {} letters</button></form>\
+             <p><a href=\"/letters\">Cancel</a></p>",
+            capitalised(action_name(resolution)),
+            ids.len(),
+            escape(&described),
+            if resolution == Resolution::Replay {
+                format!(
+                    "<p class=\"note\">Replays are published at {} a second.</p>",
+                    console.replay_rate
+                )
+            } else {
+                String::new()
+            },
+            hidden_fields(&form, &session.csrf),
+            capitalised(action_name(resolution)),
+            ids.len(),
+        )
+    };
+    html_page(
+        StatusCode::OK,
+        page("Confirm a bulk action", Some(&session.csrf), &body),
+    )
+}
+
+fn capitalised(word: &str) -> String {
+    let mut chars = word.chars();
+    chars
+        .next()
+        .map(|c| c.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
+/// `POST /bulk/confirm`: the run started (or the unfinished one of the same key resumed), and
+/// its page.
+pub(crate) async fn start(
+    State(console): Shared,
+    headers: HeaderMap,
+    Form(form): Form<BulkForm>,
+) -> Response {
+    let session = match authorised_post(&console, &headers, &form.csrf) {
+        Ok(session) => session,
+        Err(refused) => return *refused,
+    };
+    let (Some(resolution), Some(runs)) = (form.resolution(), console.runs.clone()) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            &session,
+            "no such bulk action here",
+        );
+    };
+    let filter = match form.filter(&session) {
+        Ok(filter) => filter,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, &session, &e),
+    };
+    let ids = match console.actions.matching(&filter).await {
+        Ok(ids) => ids,
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    };
+    let run = match runs
+        .start_run(
+            &key(resolution, &filter),
+            resolution,
+            &ids,
+            &who(&session),
+            SystemTime::now(),
+        )
+        .await
+    {
+        Ok(run) => run,
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    };
+    tracing::info!(run = %run.id, key = %run.key, letters = run.total(), "bulk run started from the console");
+    execute(console.clone(), run.id, session);
+    redirect(&format!("/runs/{}", run.id))
+}
+
+/// Settles the run's pending letters in the background, unless this instance already is.
+fn execute(console: Arc<Console>, id: BulkRunId, session: Session) {
+    if !console.executing.claim(id) {
+        return;
+    }
+    tokio::spawn(async move {
+        if let Err(e) = settle(&console, id, &session).await {
+            tracing::warn!(run = %id, error = %e, "bulk run stopped; resume it from its page");
+        }
+        console.executing.release(id);
+    });
+}
+
+async fn settle(console: &Console, id: BulkRunId, session: &Session) -> Result<(), String> {
+    let runs = console.runs.clone().ok_or("no bulk runs here")?;
+    let run = runs
+        .run(id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the run is gone")?;
+    let pause = Duration::from_secs(1) / console.replay_rate.max(1);
+    for letter in run.pending().collect::<Vec<_>>() {
+        let outcome = match act(console, session, letter, run.action).await {
+            Acted::Done => "done".to_owned(),
+            Acted::NotFound => "not found".to_owned(),
+            Acted::Conflict(why) => format!("conflict: {why}"),
+            // The store or the transport failed: stop here, the run resumes from this letter.
+            Acted::Failed(why) => return Err(why),
+        };
+        runs.record_settled(id, letter, &outcome)
+            .await
+            .map_err(|e| e.to_string())?;
+        if run.action == Resolution::Replay {
+            tokio::time::sleep(pause).await;
+        }
+    }
+    runs.finish_run(id, SystemTime::now())
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(run = %id, "bulk run finished");
+    Ok(())
+}
+
+/// `GET /runs/{id}`: the run's progress, refreshing itself while it runs.
+pub(crate) async fn run_page(
+    State(console): Shared,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+) -> Response {
+    let Some(session) = console.gate.session(&headers) else {
+        return unauthorised();
+    };
+    let Some(runs) = &console.runs else {
+        return problem(StatusCode::NOT_FOUND, &session, "no bulk runs here");
+    };
+    let run = match runs.run(BulkRunId(id)).await {
+        Ok(Some(run)) if visible(&session, &run) => run,
+        Ok(_) => {
+            return problem(
+                StatusCode::NOT_FOUND,
+                &session,
+                &format!("run {id} not found"),
+            );
+        }
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    };
+    let running = console.executing.contains(run.id);
+    let state = if run.is_finished() {
+        "finished"
+    } else if running {
+        "running"
+    } else {
+        "stopped before the end"
+    };
+    let mut body = format!(
+        "<p><code>{}</code>, started by {} at {}</p>\
+         <p><progress id=\"progress\" max=\"{total}\" value=\"{done}\"></progress> \
+         <span id=\"done\">{done}</span> of {total} letters, <span id=\"state\">{state}</span>\
+         {}</p>",
+        escape(&run.key),
+        escape(&run.by),
+        time(run.started_at),
+        run.finished_at
+            .map(|at| format!(" at {}", time(at)))
+            .unwrap_or_default(),
+        total = run.total(),
+        done = run.done(),
+    );
+    if !run.is_finished() && !running {
+        body.push_str(&format!(
+            "<form method=\"post\" action=\"/runs/{id}/resume\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{}\"><button>Resume</button></form>",
+            escape(&session.csrf)
+        ));
+    }
+    let mut outcomes: std::collections::BTreeMap<&str, usize> = Default::default();
+    for outcome in run.settled.values() {
+        *outcomes.entry(outcome.as_str()).or_default() += 1;
+    }
+    if !outcomes.is_empty() {
+        body.push_str("<table><tr><th>outcome</th><th>letters</th></tr>");
+        for (outcome, n) in outcomes {
+            body.push_str(&format!(
+                "<tr><td>{}</td><td class=\"n\">{n}</td></tr>",
+                escape(outcome)
+            ));
+        }
+        body.push_str("</table>");
+    }
+    let mut answer = html_page(
+        StatusCode::OK,
+        page(&format!("Bulk run {id}"), Some(&session.csrf), &body),
+    );
+    if running {
+        answer
+            .headers_mut()
+            .insert("refresh", axum::http::HeaderValue::from_static("1"));
+    }
+    answer
+}
+
+/// `POST /runs/{id}/resume`: the run's pending letters settled again.
+pub(crate) async fn resume(
+    State(console): Shared,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+    Form(form): Form<super::Csrf>,
+) -> Response {
+    let session = match authorised_post(&console, &headers, &form.csrf) {
+        Ok(session) => session,
+        Err(refused) => return *refused,
+    };
+    let Some(runs) = &console.runs else {
+        return problem(StatusCode::NOT_FOUND, &session, "no bulk runs here");
+    };
+    match runs.run(BulkRunId(id)).await {
+        Ok(Some(run)) if visible(&session, &run) => {
+            if !run.is_finished() {
+                execute(console.clone(), run.id, session);
+            }
+            redirect(&format!("/runs/{id}"))
+        }
+        Ok(_) => problem(
+            StatusCode::NOT_FOUND,
+            &session,
+            &format!("run {id} not found"),
+        ),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    }
+}
+
+/// `GET /runs`: the newest runs.
+pub(crate) async fn runs_page(State(console): Shared, headers: HeaderMap) -> Response {
+    let Some(session) = console.gate.session(&headers) else {
+        return unauthorised();
+    };
+    let Some(runs) = &console.runs else {
+        return problem(StatusCode::NOT_FOUND, &session, "no bulk runs here");
+    };
+    let listed = match runs.runs(50).await {
+        Ok(listed) => listed,
+        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    };
+    let mut body = String::from(
+        "<table><tr><th>run</th><th>action and filter</th><th>by</th><th>started</th>\
+         <th>progress</th></tr>",
+    );
+    for run in listed.iter().filter(|run| visible(&session, run)) {
+        body.push_str(&format!(
+            "<tr><td><a href=\"/runs/{id}\">{id}</a></td><td><code>{}</code></td><td>{}</td>\
+             <td>{}</td><td>{} of {}{}</td></tr>",
+            escape(&run.key),
+            escape(&run.by),
+            time(run.started_at),
+            run.done(),
+            run.total(),
+            if run.is_finished() { ", finished" } else { "" },
+            id = run.id,
+        ));
+    }
+    body.push_str("</table>");
+    html_page(
+        StatusCode::OK,
+        page("Bulk runs", Some(&session.csrf), &body),
+    )
+}
