@@ -21,6 +21,7 @@ use jobs_core::{
     Transition,
 };
 use jobs_ops::compose::{Config, Queue, Store};
+use jobs_ops::console::{capitalised, describe_filter};
 use serde_json::json;
 
 use crate::{NotConfirmed, Selection};
@@ -149,7 +150,7 @@ pub(crate) async fn run(
             limit: 500,
             ..DeadLetterFilter::default()
         };
-        let described = describe(&filter);
+        let described = describe_filter(&filter);
         let key = format!("{} {described}", action.name());
         let Some(run) = start(action, &*runs, &ops, &filter, &key, &by, selection.yes).await?
         else {
@@ -249,7 +250,7 @@ async fn start(
     by: &str,
     yes: bool,
 ) -> Result<Option<BulkRun>> {
-    let described = describe(filter);
+    let described = describe_filter(filter);
     if let Some(run) = runs.unfinished(key).await? {
         confirm(
             &format!(
@@ -292,31 +293,6 @@ async fn start(
         );
     }
     Ok(Some(run))
-}
-
-fn capitalised(word: &str) -> String {
-    let mut chars = word.chars();
-    chars
-        .next()
-        .map(|c| c.to_uppercase().chain(chars).collect())
-        .unwrap_or_default()
-}
-
-fn describe(filter: &DeadLetterFilter) -> String {
-    let mut parts = vec![format!(
-        "status={}",
-        filter.status.map_or("any", DeadLetterStatus::as_str)
-    )];
-    if let Some(queue) = &filter.queue {
-        parts.push(format!("queue={}", queue.as_str()));
-    }
-    if let Some(tenant) = filter.tenant_id {
-        parts.push(format!("tenant={tenant}"));
-    }
-    if let Some(kind) = &filter.kind {
-        parts.push(format!("kind={}", kind.as_str()));
-    }
-    parts.join(" ")
 }
 
 /// Asks on the terminal unless `yes`; refuses to guess when standard input is not one.

@@ -104,13 +104,16 @@ fn action_name(resolution: Resolution) -> &'static str {
 /// The run's key: the action and the filter, as `jobsctl` writes it, so that both resume the
 /// same runs.
 fn key(resolution: Resolution, filter: &DeadLetterFilter) -> String {
-    let mut parts = vec![
-        action_name(resolution).to_owned(),
-        format!(
-            "status={}",
-            filter.status.map_or("any", DeadLetterStatus::as_str)
-        ),
-    ];
+    format!("{} {}", action_name(resolution), describe_filter(filter))
+}
+
+/// A bulk run's filter as its key spells it (`status=… queue=… tenant=… kind=…`): one
+/// spelling for `jobsctl` and the console, so that each resumes the other's runs.
+pub fn describe_filter(filter: &DeadLetterFilter) -> String {
+    let mut parts = vec![format!(
+        "status={}",
+        filter.status.map_or("any", DeadLetterStatus::as_str)
+    )];
     if let Some(queue) = &filter.queue {
         parts.push(format!("queue={}", queue.as_str()));
     }
@@ -209,7 +212,8 @@ pub(crate) async fn ask(
     )
 }
 
-fn capitalised(word: &str) -> String {
+/// `word` with its first letter upper-case.
+pub fn capitalised(word: &str) -> String {
     let mut chars = word.chars();
     chars
         .next()

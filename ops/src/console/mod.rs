@@ -42,6 +42,7 @@ use serde_json::json;
 
 pub use auth::{ConsoleToken, MIN_SECRET_LEN};
 use auth::{Gate, Session};
+pub use bulk::{capitalised, describe_filter};
 use html::{escape, page, query_value};
 
 /// Letters a list page shows.
