@@ -16,7 +16,9 @@ use std::time::{Duration, SystemTime};
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use jobs_core::{BulkRun, BulkRunId, DeadLetterFilter, DeadLetterStatus, Resolution};
+use jobs_core::{
+    BulkRun, BulkRunId, BulkRuns, DeadLetterFilter, DeadLetterId, DeadLetterStatus, Resolution,
+};
 use serde::Deserialize;
 
 use super::auth::Session;
@@ -155,30 +157,59 @@ fn hidden_fields(form: &BulkForm, csrf: &str) -> String {
     fields
 }
 
+/// What a bulk request asks for: who, which action, over which filter, and the ids that
+/// filter matches now.
+struct Asked {
+    session: Session,
+    resolution: Resolution,
+    runs: Arc<dyn BulkRuns>,
+    filter: DeadLetterFilter,
+    ids: Vec<DeadLetterId>,
+}
+
+/// The request a bulk form makes, or the answer refusing it.
+async fn asked(
+    console: &Console,
+    headers: &HeaderMap,
+    form: &BulkForm,
+) -> Result<Asked, Box<Response>> {
+    let session = authorised_post(console, headers, &form.csrf)?;
+    let refuse = |status, why: &str| Box::new(problem(status, &session, why));
+    let (Some(resolution), Some(runs)) = (form.resolution(), console.runs.clone()) else {
+        return Err(refuse(StatusCode::BAD_REQUEST, "no such bulk action here"));
+    };
+    let filter = form
+        .filter(&session)
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, &e))?;
+    let ids = console
+        .actions
+        .matching(&filter)
+        .await
+        .map_err(|e| refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()))?;
+    Ok(Asked {
+        session,
+        resolution,
+        runs,
+        filter,
+        ids,
+    })
+}
+
 /// `POST /bulk`: the confirmation, stating how many letters the run will touch.
 pub(crate) async fn ask(
     State(console): Shared,
     headers: HeaderMap,
     Form(form): Form<BulkForm>,
 ) -> Response {
-    let session = match authorised_post(&console, &headers, &form.csrf) {
-        Ok(session) => session,
-        Err(refused) => return *refused,
-    };
-    let (Some(resolution), Some(_)) = (form.resolution(), console.runs.as_ref()) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            &session,
-            "no such bulk action here",
-        );
-    };
-    let filter = match form.filter(&session) {
-        Ok(filter) => filter,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, &session, &e),
-    };
-    let ids = match console.actions.matching(&filter).await {
-        Ok(ids) => ids,
-        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    let Asked {
+        session,
+        resolution,
+        filter,
+        ids,
+        ..
+    } = match asked(&console, &headers, &form).await {
+        Ok(asked) => asked,
+        Err(answer) => return *answer,
     };
     let described = key(resolution, &filter);
     let body = if ids.is_empty() {
@@ -228,24 +259,15 @@ pub(crate) async fn start(
     headers: HeaderMap,
     Form(form): Form<BulkForm>,
 ) -> Response {
-    let session = match authorised_post(&console, &headers, &form.csrf) {
-        Ok(session) => session,
-        Err(refused) => return *refused,
-    };
-    let (Some(resolution), Some(runs)) = (form.resolution(), console.runs.clone()) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            &session,
-            "no such bulk action here",
-        );
-    };
-    let filter = match form.filter(&session) {
-        Ok(filter) => filter,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, &session, &e),
-    };
-    let ids = match console.actions.matching(&filter).await {
-        Ok(ids) => ids,
-        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
+    let Asked {
+        session,
+        resolution,
+        runs,
+        filter,
+        ids,
+    } = match asked(&console, &headers, &form).await {
+        Ok(asked) => asked,
+        Err(answer) => return *answer,
     };
     let run = match runs
         .start_run(
