@@ -436,26 +436,18 @@ async fn bulk(s: &Served, cookie: &str, action: &str, queue: &str) -> (String, S
         ("action", action),
         ("queue", queue),
     ];
-    let asked = s
-        .client
-        .post(format!("{}/bulk", s.base))
-        .header(COOKIE, cookie)
-        .header(ORIGIN, &s.base)
-        .form(&form)
-        .send()
-        .await
-        .expect("an answer");
+    let post = |path: &'static str| {
+        s.client
+            .post(format!("{}{path}", s.base))
+            .header(COOKIE, cookie)
+            .header(ORIGIN, &s.base)
+            .form(&form)
+            .send()
+    };
+    let asked = post("/bulk").await.expect("an answer");
     assert_eq!(asked.status(), StatusCode::OK);
     let confirmation = asked.text().await.expect("a body");
-    let started = s
-        .client
-        .post(format!("{}/bulk/confirm", s.base))
-        .header(COOKIE, cookie)
-        .header(ORIGIN, &s.base)
-        .form(&form)
-        .send()
-        .await
-        .expect("an answer");
+    let started = post("/bulk/confirm").await.expect("an answer");
     assert_eq!(started.status(), StatusCode::SEE_OTHER);
     let run = started
         .headers()

@@ -35,26 +35,26 @@ async fn queue(dbs: &Databases) -> (PgQueue, ManualClock) {
     (queue, clock)
 }
 
+/// A queue on `pool`'s database, emptied for one check of the contract (and no queue listed
+/// as fair), on a manual clock.
+async fn emptied(pool: PgPool) -> QueueUnderTest {
+    sqlx::query("truncate core.jobs, core.fair_queues")
+        .execute(&pool)
+        .await
+        .expect("empty core.jobs");
+    let clock = ManualClock::default();
+    QueueUnderTest::of(
+        PgQueue::new(pool).with_clock(Arc::new(clock.clone())),
+        clock,
+    )
+}
+
 /// The queue contract with every queue fetched through `core.lease_fair`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_queue_passes_the_queue_contract_when_fair() {
     with_databases(|dbs| async move {
         let pool = dbs.store().await.pool().clone();
-        queue::run_fair(TenantFairness::round_robin(), || {
-            let pool = pool.clone();
-            async move {
-                sqlx::query("truncate core.jobs, core.fair_queues")
-                    .execute(&pool)
-                    .await
-                    .expect("empty core.jobs");
-                let clock = ManualClock::default();
-                QueueUnderTest::of(
-                    PgQueue::new(pool).with_clock(Arc::new(clock.clone())),
-                    clock,
-                )
-            }
-        })
-        .await;
+        queue::run_fair(TenantFairness::round_robin(), || emptied(pool.clone())).await;
     })
     .await;
 }
@@ -91,22 +91,7 @@ fn pg_queue_keeps_the_fairness_contract() {
 async fn pg_queue_passes_the_queue_contract() {
     with_databases(|dbs| async move {
         let pool = dbs.store().await.pool().clone();
-        queue::run(|| {
-            let pool = pool.clone();
-            async move {
-                // One database, emptied for each check.
-                sqlx::query("truncate core.jobs")
-                    .execute(&pool)
-                    .await
-                    .expect("empty core.jobs");
-                let clock = ManualClock::default();
-                QueueUnderTest::of(
-                    PgQueue::new(pool).with_clock(Arc::new(clock.clone())),
-                    clock,
-                )
-            }
-        })
-        .await;
+        queue::run(|| emptied(pool.clone())).await;
     })
     .await;
 }
