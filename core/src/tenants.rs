@@ -30,6 +30,23 @@ pub trait TenantDirectory: Send + Sync {
     /// Up to `limit` tenants with ids after `after` (from the first when `None`), in id order.
     async fn page(&self, after: Option<TenantId>, limit: u32)
     -> Result<TenantPage, DirectoryError>;
+
+    /// The tenant with id `id`, or `None` when the directory does not hold it. The default
+    /// walks the pages; a directory that can look one tenant up directly should.
+    async fn tenant(&self, id: TenantId) -> Result<Option<Tenant>, DirectoryError> {
+        let mut after = None;
+        loop {
+            let page = self.page(after, 1000).await?;
+            if let Some(found) = page.tenants.iter().find(|t| t.id == id) {
+                return Ok(Some(found.clone()));
+            }
+            match page.next {
+                // Pages come in id order: past `id`, it is not there.
+                Some(next) if next < id => after = Some(next),
+                _ => return Ok(None),
+            }
+        }
+    }
 }
 
 crate::error::port_error! {

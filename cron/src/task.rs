@@ -105,6 +105,20 @@ impl CronTask {
         self
     }
 
+    /// The first slot after `after` at which a tenant of `tier` gets this task's job: the
+    /// schedule's next slot for an untiered task (`tier` ignored), the next due one for a tiered
+    /// task, looked for within [`MAX_TIER_WAIT`]. `None` when the schedule has no such slot
+    /// (or a tiered task is asked without a tier).
+    pub fn next_slot_for(&self, tier: Option<Tier>, after: SystemTime) -> Option<SystemTime> {
+        let Some(rule_tier) = self.tier.as_ref().map(|rule| tier.unwrap_or(rule.default)) else {
+            return self.schedule.next_after(after);
+        };
+        let until = after.checked_add(MAX_TIER_WAIT)?;
+        self.schedule
+            .slots(after, until)
+            .find(|slot| rule_tier.is_due(*slot))
+    }
+
     /// Publishes one job per slot for the whole system instead of one per tenant.
     pub fn single(mut self) -> Self {
         self.fan_out = FanOut::Single;
@@ -192,6 +206,10 @@ impl FromStr for Tier {
             .ok_or_else(|| TierError(s.to_owned()))
     }
 }
+
+/// How far ahead [`CronTask::next_slot_for`] looks for a tier's next due slot: a day and an
+/// hour, past the slowest tier's period, so any schedule with a slot in a due hour finds one.
+pub const MAX_TIER_WAIT: Duration = Duration::from_secs(25 * 3600);
 
 /// An entitlement value that is not a [`Tier`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

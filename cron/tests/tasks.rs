@@ -5,8 +5,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use jobs_core::{Kind, QueueName, Tenant, TenantId};
 use jobs_cron::{
-    FanOut, PROCESSED_JOBS_CLEANUP_KIND, Payload, Tier, TierRule, fanout_correlation_id,
-    spread_offset, standard_tasks, system_tenant,
+    DATA_FRESHNESS_KIND, FanOut, PROCESSED_JOBS_CLEANUP_KIND, Payload, Tier, TierRule,
+    USAGE_SNAPSHOT_KIND, fanout_correlation_id, spread_offset, standard_tasks, system_tenant,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -181,4 +181,54 @@ fn tiers_are_due_at_multiples_of_their_period() {
         assert_eq!(Tier::Every12Hours.is_due(slot), h % 12 == 0, "{hour}");
         assert_eq!(Tier::Nightly.is_due(slot), h == 0, "{hour}");
     }
+}
+
+fn standard(kind: &str) -> jobs_cron::CronTask {
+    let kind: Kind = kind.parse().expect("a valid kind");
+    standard_tasks()
+        .into_iter()
+        .find(|t| t.kind == kind)
+        .expect("registered")
+}
+
+#[test]
+fn a_tenants_next_recompute_is_the_next_slot_its_tier_is_due() {
+    let freshness = standard(DATA_FRESHNESS_KIND);
+    // 05:30 on January 1st: the next hourly slots are 06:00, 07:00, …
+    let after = jan1() + HOUR * 5 + Duration::from_secs(1800);
+    for (tier, next) in [
+        (Tier::Hourly, jan1() + HOUR * 6),
+        (Tier::Every3Hours, jan1() + HOUR * 6),
+        (Tier::Every6Hours, jan1() + HOUR * 6),
+        (Tier::Every12Hours, jan1() + HOUR * 12),
+        (Tier::Nightly, jan1() + HOUR * 24),
+    ] {
+        assert_eq!(
+            freshness.next_slot_for(Some(tier), after),
+            Some(next),
+            "{tier}"
+        );
+    }
+    // Exactly at a due slot, the next one is a period later.
+    assert_eq!(
+        freshness.next_slot_for(Some(Tier::Every3Hours), jan1() + HOUR * 6),
+        Some(jan1() + HOUR * 9)
+    );
+    // No tier asked of a tiered task: the rule's default (nightly).
+    assert_eq!(
+        freshness.next_slot_for(None, after),
+        Some(jan1() + HOUR * 24)
+    );
+}
+
+#[test]
+fn an_untiered_tasks_next_slot_is_its_schedules() {
+    let snapshot = standard(USAGE_SNAPSHOT_KIND);
+    let after = jan1() + Duration::from_secs(60);
+    let next = snapshot.schedule.next_after(after);
+    assert!(next.is_some());
+    for tier in Tier::ALL {
+        assert_eq!(snapshot.next_slot_for(Some(tier), after), next, "{tier}");
+    }
+    assert_eq!(snapshot.next_slot_for(None, after), next);
 }

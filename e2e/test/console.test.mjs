@@ -104,3 +104,12 @@ test('a bulk discard states its count, runs, and its progress reaches the end', 
   await page.goto(`${base}/letters?status=pending_review&queue=billing.invoices&kind=billing.invoice_paid`);
   assert.equal(await page.$('#letters'), null, 'no letter of that filter left waiting');
 });
+
+test('the cron page shows the tasks and each tenant\'s freshness tier', async () => {
+  await page.goto(`${base}/cron`);
+  assert.match(await page.textContent('#tasks'), /core\.data_freshness/);
+  const tiers = await page.$$eval('#tiers tr', (rows) => rows.slice(1).map((r) => [...r.cells].map((c) => c.textContent)));
+  assert.deepEqual(tiers.map((r) => r[1]), ['1h', '6h', 'nightly (default: no data_freshness)']);
+  assert.ok(tiers.every((r) => /^\d{4}-\d\d-\d\d \d\d:00:00 UTC$/.test(r[2])), `next recomputes on the hour: ${tiers}`);
+  await page.screenshot({ path: `${shots}/cron.png`, fullPage: true });
+});

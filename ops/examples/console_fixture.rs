@@ -9,13 +9,14 @@
 //! varying ids; one payload and one error holding markup; one poison message of raw bytes),
 //! serves the console on `127.0.0.1:PORT` (`--port`, default any free one), prints
 //! `console on http://…/`, and runs until killed. Replays go to an in-memory queue whose
-//! depth the overview shows.
+//! depth the overview shows; the three tenants' freshness tiers (`1h`, `6h`, none) are on the
+//! cron page.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use jobs_adapter_memory::{MemoryQueue, MemoryStore};
-use jobs_core::{DeadLetterStore, Envelope, NewDeadLetter, QueueName, TenantId};
+use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryTenantDirectory};
+use jobs_core::{DeadLetterStore, Envelope, NewDeadLetter, QueueName, Tenant, TenantId};
 use jobs_ops::console::{Console, ConsoleToken};
 
 #[tokio::main(flavor = "current_thread")]
@@ -25,11 +26,10 @@ async fn main() -> anyhow::Result<()> {
         [] => 0,
         _ => anyhow::bail!("usage: console_fixture [--port N]"),
     };
-    let tokens: Vec<ConsoleToken> = std::env::var("JOBS_CONSOLE_TOKENS")
-        .unwrap_or_else(|_| "fixture-operator-token".to_owned())
-        .split(',')
-        .map(|t| t.trim().parse().map_err(anyhow::Error::msg))
-        .collect::<anyhow::Result<_>>()?;
+    let tokens = ConsoleToken::parse_list(
+        &std::env::var("JOBS_CONSOLE_TOKENS").unwrap_or_else(|_| "fixture-operator-token".into()),
+    )
+    .map_err(anyhow::Error::msg)?;
     let store = MemoryStore::default();
     let queue = MemoryQueue::default();
     seed(&store).await?;
@@ -37,6 +37,7 @@ async fn main() -> anyhow::Result<()> {
     let router = Console::new(Arc::new(store.clone()), Arc::new(queue.clone()), tokens)
         .depth(Arc::new(queue), queues)
         .bulk_runs(Arc::new(store))
+        .tenants(Arc::new(directory()?))
         .router();
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("console on http://{}/", listener.local_addr()?);
@@ -46,6 +47,21 @@ async fn main() -> anyhow::Result<()> {
 
 fn tenant(n: u32) -> anyhow::Result<TenantId> {
     Ok(format!("00000000-0000-4000-8000-{n:012x}").parse()?)
+}
+
+/// Tenants 1 to 3, entitled to recomputes hourly, every six hours, and by default nightly.
+fn directory() -> anyhow::Result<MemoryTenantDirectory> {
+    let mut tenants = vec![];
+    for (n, tier) in [(1, Some("1h")), (2, Some("6h")), (3, None)] {
+        tenants.push(Tenant {
+            id: tenant(n)?,
+            entitlements: tier
+                .map(|t| ("data_freshness".to_owned(), t.to_owned()))
+                .into_iter()
+                .collect(),
+        });
+    }
+    Ok(MemoryTenantDirectory::with_tenants(tenants))
 }
 
 /// Forty letters, oldest first, an hour apart at most.

@@ -50,7 +50,7 @@ use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueues
 use jobs_consumers::WorkerConfig;
 use jobs_core::{
     Alerter, BulkRuns, ConsumerPort, DeadLetterStore, ProcessedJobs, QueueDepth, QueuePort,
-    RateLimiter, StoreError, SystemClock,
+    RateLimiter, StoreError, SystemClock, TenantDirectory,
 };
 use thiserror::Error;
 
@@ -408,8 +408,9 @@ pub const CONSOLE_TOKENS: Key = Key {
     env: "JOBS_CONSOLE_TOKENS",
     default: None,
     secret: true,
-    about: "the console's sign-in tokens, comma-separated, each SECRET (every tenant) or \
-            SECRET@TENANT_ID (that tenant only); secrets of 16 characters or more",
+    about: "the console's sign-in tokens, comma-separated, each [NAME=]SECRET[@TENANT_ID]: \
+            every tenant, or with @ that tenant only; NAME is who the dead letters' history \
+            records; secrets of 16 characters or more",
 };
 
 /// Every configuration key, in the order `jobsctl config` prints them.
@@ -856,6 +857,19 @@ impl Store {
             Store::Sqlite(s) => Arc::new(s.clone()),
             #[cfg(feature = "postgres")]
             Store::Postgres(s) => Arc::new(s.clone()),
+        }
+    }
+
+    /// The tenants the cron fan-out reaches, when the store keeps them (`core.tenants` on
+    /// PostgreSQL; SQLite keeps none).
+    pub fn tenants(&self) -> Option<Arc<dyn TenantDirectory>> {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(_) => None,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => Some(Arc::new(jobs_adapter_postgres::PgTenantDirectory::new(
+                s.pool().clone(),
+            ))),
         }
     }
 

@@ -7,7 +7,6 @@ use std::time::SystemTime;
 use anyhow::{Result, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
 use jobs_adapter_memory::{MemoryQueue, MemoryTenantDirectory};
-use jobs_adapter_postgres::PgTenantDirectory;
 use jobs_core::{SystemClock, TenantDirectory};
 use jobs_cron::{CatchUp, Scheduler, TickReport, standard_tasks};
 
@@ -43,6 +42,18 @@ fn scheduler(directory: Arc<dyn TenantDirectory>, queue: Option<&Queue>) -> Resu
         Arc::new(SystemClock),
         CatchUp::default(),
     )?)
+}
+
+/// The tenants of `store`, which only PostgreSQL keeps.
+fn directory(store: &Store) -> Result<Arc<dyn TenantDirectory>> {
+    let Some(directory) = store.tenants() else {
+        bail!(Usage(
+            "the tenant directory lives in PostgreSQL (core.tenants): pass a postgres:// \
+             --database-url"
+                .into()
+        ));
+    };
+    Ok(directory)
 }
 
 /// The queues of the standard tasks, each once.
@@ -89,17 +100,7 @@ pub(crate) fn list(as_json: bool, out: &mut impl Write) -> Result<()> {
 /// `jobsctl cron run`: the scheduler over the tenants of `store`, publishing to `queue`,
 /// ticking until a stop signal.
 pub(crate) async fn run(store: &Store, queue: &Queue) -> Result<()> {
-    let Store::Postgres(pg) = store else {
-        bail!(Usage(
-            "the tenant directory lives in PostgreSQL (core.tenants): pass a postgres:// \
-             --database-url"
-                .into()
-        ));
-    };
-    let scheduler = scheduler(
-        Arc::new(PgTenantDirectory::new(pg.pool().clone())),
-        Some(queue),
-    )?;
+    let scheduler = scheduler(directory(store)?, Some(queue))?;
     crate::until_signal(|stop| jobs_ops::standing::run_cron(scheduler, stop)).await;
     Ok(())
 }
@@ -112,14 +113,7 @@ pub(crate) async fn tick(
     at: SystemTime,
     out: &mut impl Write,
 ) -> Result<()> {
-    let Store::Postgres(pg) = store else {
-        bail!(Usage(
-            "the tenant directory lives in PostgreSQL (core.tenants): pass a postgres:// \
-             --database-url"
-                .into()
-        ));
-    };
-    let scheduler = scheduler(Arc::new(PgTenantDirectory::new(pg.pool().clone())), queue)?;
+    let scheduler = scheduler(directory(store)?, queue)?;
     let report: TickReport = scheduler.tick_at(at, queue.is_none()).await;
     match queue {
         None => writeln!(out, "slot {} (dry run: nothing published)", rfc3339(at))?,

@@ -541,13 +541,7 @@ async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -
     use jobs_ops::console::{Console, ConsoleToken};
     let tokens: Vec<ConsoleToken> = config
         .get(&compose::CONSOLE_TOKENS)
-        .map(|list| {
-            list.split(',')
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(str::parse)
-                .collect::<Result<_, String>>()
-        })
+        .map(ConsoleToken::parse_list)
         .transpose()
         .map_err(|e| Usage(format!("{}: {e}", compose::CONSOLE_TOKENS.describe())))?
         .unwrap_or_default();
@@ -573,6 +567,9 @@ async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -
         Console::new(store.dead_letters(), queue.publisher.clone(), tokens)
     }
     .bulk_runs(store.bulk_runs());
+    if let Some(tenants) = store.tenants() {
+        console = console.tenants(tenants);
+    }
     if let Some(depth) = queue.depth.clone() {
         let names = listed(&queue).await?;
         console = console.depth(depth, names);

@@ -1201,16 +1201,13 @@ where
              console` beside it instead",
         ));
     }
-    let tokens: Vec<ConsoleToken> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(str::parse)
-        .collect::<Result<_, String>>()
-        .map_err(|e| refused(&CONSOLE_TOKENS, &e))?;
+    let tokens = ConsoleToken::parse_list(list).map_err(|e| refused(&CONSOLE_TOKENS, &e))?;
     let store: Arc<dyn DeadLetterStore> = Arc::new(opened.store.clone());
     let mut console = Console::new(store, opened.publisher.clone(), tokens)
         .bulk_runs(Arc::new(opened.store.clone()));
+    if let Some(tenants) = &opened.tenants {
+        console = console.tenants(tenants.clone());
+    }
     if let Some(depth) = &opened.depth {
         let queues = workers.iter().map(|w| w.queue().clone()).collect();
         console = console.depth(depth.clone(), queues);

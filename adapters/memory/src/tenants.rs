@@ -102,6 +102,14 @@ impl TenantDirectory for MemoryTenantDirectory {
             next,
         })
     }
+
+    async fn tenant(&self, id: TenantId) -> Result<Option<Tenant>, DirectoryError> {
+        let tenants = self.lock();
+        Ok(tenants
+            .binary_search_by_key(&id, |t| t.id)
+            .ok()
+            .map(|at| tenants[at].clone()))
+    }
 }
 
 #[cfg(test)]
@@ -133,6 +141,51 @@ mod tests {
             }
         }
         assert_eq!(seen, [1, 2, 3, 4, 5].map(|n| tenant(n).id));
+    }
+
+    /// Only pages, so lookups take the port's default walk.
+    struct PagesOnly(MemoryTenantDirectory);
+
+    #[async_trait]
+    impl TenantDirectory for PagesOnly {
+        async fn page(
+            &self,
+            after: Option<TenantId>,
+            limit: u32,
+        ) -> Result<TenantPage, DirectoryError> {
+            self.0.page(after, limit).await
+        }
+    }
+
+    #[tokio::test]
+    async fn one_tenant_is_found_by_id_directly_and_by_the_default_walk() {
+        fn id(n: u32) -> TenantId {
+            format!("00000000-0000-4000-8000-{n:012x}")
+                .parse()
+                .expect("a v4 UUID")
+        }
+        // Every even id up to 5000: the walk crosses pages of 1000.
+        let directory = MemoryTenantDirectory::with_tenants((1..=2500).map(|n| Tenant {
+            id: id(2 * n),
+            entitlements: [("n".to_owned(), n.to_string())].into(),
+        }));
+        let walked = PagesOnly(directory.clone());
+        for n in [2, 1000, 2002, 4998, 5000] {
+            let found = directory.tenant(id(n)).await.expect("in memory");
+            assert_eq!(found.as_ref().map(|t| t.id), Some(id(n)));
+            assert_eq!(
+                found.map(|t| t.entitlements["n"].clone()),
+                Some((n / 2).to_string())
+            );
+            assert_eq!(
+                walked.tenant(id(n)).await.expect("in memory").map(|t| t.id),
+                Some(id(n))
+            );
+        }
+        for n in [1, 2001, 5001, 9999] {
+            assert_eq!(directory.tenant(id(n)).await.expect("in memory"), None);
+            assert_eq!(walked.tenant(id(n)).await.expect("in memory"), None);
+        }
     }
 
     #[tokio::test]

@@ -42,18 +42,36 @@ impl PgTenantDirectory {
     }
 }
 
-/// One page plus one row, so the page knows whether another follows; each tenant's
-/// entitlements as parallel key and value arrays, in key order.
-const PAGE: &str = "\
-    select t.id, \
-        array(select e.key from jsonb_each_text(t.entitlements) e \
-              where e.value is not null order by e.key) as keys, \
-        array(select e.value from jsonb_each_text(t.entitlements) e \
-              where e.value is not null order by e.key) as vals \
-    from core.tenants t \
-    where $1::uuid is null or t.id > $1 \
-    order by t.id \
-    limit $2";
+/// A tenant's id and its entitlements as parallel key and value arrays, in key order.
+macro_rules! tenant_columns {
+    () => {
+        "select t.id, \
+            array(select e.key from jsonb_each_text(t.entitlements) e \
+                  where e.value is not null order by e.key) as keys, \
+            array(select e.value from jsonb_each_text(t.entitlements) e \
+                  where e.value is not null order by e.key) as vals \
+         from core.tenants t "
+    };
+}
+
+/// One page plus one row, so the page knows whether another follows.
+const PAGE: &str = concat!(
+    tenant_columns!(),
+    "where $1::uuid is null or t.id > $1 order by t.id limit $2"
+);
+
+/// One tenant by id.
+const ONE: &str = concat!(tenant_columns!(), "where t.id = $1");
+
+/// A row of [`PAGE`] or [`ONE`].
+type Row = (Uuid, Vec<String>, Vec<String>);
+
+fn tenant((id, keys, values): Row) -> Result<Tenant, DirectoryError> {
+    Ok(Tenant {
+        id: tenant_id(id)?,
+        entitlements: keys.into_iter().zip(values).collect::<BTreeMap<_, _>>(),
+    })
+}
 
 #[async_trait]
 impl TenantDirectory for PgTenantDirectory {
@@ -64,7 +82,7 @@ impl TenantDirectory for PgTenantDirectory {
         limit: u32,
     ) -> Result<TenantPage, DirectoryError> {
         let limit = limit.max(1);
-        let rows: Vec<(Uuid, Vec<String>, Vec<String>)> = sqlx::query_as(PAGE)
+        let rows: Vec<Row> = sqlx::query_as(PAGE)
             .bind(after.map(|a| a.as_uuid()))
             .bind(i64::from(limit) + 1)
             .fetch_all(&self.pool)
@@ -74,12 +92,7 @@ impl TenantDirectory for PgTenantDirectory {
         let tenants = rows
             .into_iter()
             .take(limit as usize)
-            .map(|(id, keys, values)| {
-                Ok(Tenant {
-                    id: tenant_id(id)?,
-                    entitlements: keys.into_iter().zip(values).collect::<BTreeMap<_, _>>(),
-                })
-            })
+            .map(tenant)
             .collect::<Result<Vec<Tenant>, DirectoryError>>()?;
         let next = if more {
             tenants.last().map(|t| t.id)
@@ -87,6 +100,15 @@ impl TenantDirectory for PgTenantDirectory {
             None
         };
         Ok(TenantPage { tenants, next })
+    }
+
+    async fn tenant(&self, id: TenantId) -> Result<Option<Tenant>, DirectoryError> {
+        let row: Option<Row> = sqlx::query_as(ONE)
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| directory_error("read core.tenants", e))?;
+        row.map(tenant).transpose()
     }
 }
 

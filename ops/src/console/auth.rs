@@ -18,14 +18,17 @@ pub(crate) const COOKIE_NAME: &str = "jobs_console";
 /// How long a session lasts after sign-in.
 const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 
-/// A sign-in token: the secret an operator types, and the one tenant it is limited to, if any.
+/// A sign-in token: the secret an operator types, the one tenant it is limited to, if any,
+/// and the name the dead letters' history records for what its sessions do, if given.
 ///
-/// Parsed from `SECRET` or `SECRET@TENANT_ID` (`JOBS_CONSOLE_TOKENS` holds several,
-/// comma-separated). A secret must be at least 16 characters.
+/// Parsed from `[NAME=]SECRET[@TENANT_ID]` (`JOBS_CONSOLE_TOKENS` holds several,
+/// comma-separated; [`ConsoleToken::parse_list`]). A secret must be at least 16 characters; a
+/// name is 1 to 64 letters, digits, `.`, `_` or `-`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ConsoleToken {
     secret: String,
     tenant: Option<TenantId>,
+    name: Option<String>,
 }
 
 impl fmt::Debug for ConsoleToken {
@@ -33,9 +36,13 @@ impl fmt::Debug for ConsoleToken {
         f.debug_struct("ConsoleToken")
             .field("secret", &"…")
             .field("tenant", &self.tenant)
+            .field("name", &self.name)
             .finish()
     }
 }
+
+/// The longest name a token may have.
+const MAX_NAME_LEN: usize = 64;
 
 /// The shortest secret a token may have.
 pub const MIN_SECRET_LEN: usize = 16;
@@ -57,12 +64,47 @@ impl ConsoleToken {
                 "a console token's secret needs at least {MIN_SECRET_LEN} characters"
             ));
         }
-        Ok(ConsoleToken { secret, tenant })
+        Ok(ConsoleToken {
+            secret,
+            tenant,
+            name: None,
+        })
+    }
+
+    /// The same token, whose sessions the history records as `name` (an operator's, say).
+    pub fn named(mut self, name: &str) -> Result<Self, String> {
+        let valid = (1..=MAX_NAME_LEN).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !valid {
+            return Err(format!(
+                "`{name}` before = is not a token name (1 to {MAX_NAME_LEN} letters, digits, \
+                 `.`, `_` or `-`)"
+            ));
+        }
+        self.name = Some(name.to_owned());
+        Ok(self)
     }
 
     /// The tenant it is limited to, if any.
     pub fn tenant_scope(&self) -> Option<TenantId> {
         self.tenant
+    }
+
+    /// The name it was given, if any.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The tokens of a comma-separated list (blank entries skipped), or the first entry's
+    /// problem.
+    pub fn parse_list(list: &str) -> Result<Vec<ConsoleToken>, String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::parse)
+            .collect()
     }
 }
 
@@ -70,14 +112,23 @@ impl FromStr for ConsoleToken {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.rsplit_once('@') {
+        let (name, rest) = match s.split_once('=') {
+            Some((name, rest)) => (Some(name), rest),
+            None => (None, s),
+        };
+        let token = match rest.rsplit_once('@') {
             Some((secret, tenant)) => {
                 let tenant = tenant
                     .parse()
                     .map_err(|e| format!("`{tenant}` after @ is not a tenant id: {e}"))?;
                 ConsoleToken::tenant(secret, tenant)
             }
-            None => ConsoleToken::operator(s),
+            None => ConsoleToken::operator(rest),
+        }
+        .map_err(|e| format!("{e} (a token is [NAME=]SECRET[@TENANT_ID])"))?;
+        match name {
+            Some(name) => token.named(name),
+            None => Ok(token),
         }
     }
 }
@@ -87,6 +138,8 @@ impl FromStr for ConsoleToken {
 pub(crate) struct Session {
     /// The tenant it is limited to.
     pub(crate) tenant: Option<TenantId>,
+    /// The name of the token it signed in with, if it had one.
+    pub(crate) name: Option<String>,
     /// The token every state-changing form carries.
     pub(crate) csrf: String,
     expires: Instant,
@@ -114,6 +167,7 @@ impl Gate {
             tokens: vec![],
             open: Some(Session {
                 tenant: None,
+                name: None,
                 csrf: random_hex(),
                 expires: Instant::now() + Duration::from_secs(100 * 365 * 86_400),
             }),
@@ -144,6 +198,7 @@ impl Gate {
             id.clone(),
             Session {
                 tenant: token.tenant,
+                name: token.name.clone(),
                 csrf: random_hex(),
                 expires: now + SESSION_LIFETIME,
             },
@@ -252,6 +307,39 @@ mod tests {
             !format!("{operator:?}").contains("0123"),
             "the secret is not shown"
         );
+    }
+
+    #[test]
+    fn a_token_may_carry_a_name_for_the_history() {
+        let alice: ConsoleToken = "alice=0123456789abcdef".parse().expect("a token");
+        assert_eq!(alice.name(), Some("alice"));
+        assert_eq!(alice.tenant_scope(), None);
+        let bob: ConsoleToken = "bob.ops=0123456789abcdef@00000000-0000-4000-8000-000000000001"
+            .parse()
+            .expect("a token");
+        assert_eq!(bob.name(), Some("bob.ops"));
+        assert!(bob.tenant_scope().is_some());
+        let e = "no one=0123456789abcdef"
+            .parse::<ConsoleToken>()
+            .expect_err("a space");
+        assert!(e.contains("`no one` before = is not a token name"), "{e}");
+        let e = "=0123456789abcdef"
+            .parse::<ConsoleToken>()
+            .expect_err("empty");
+        assert!(e.contains("token name"), "{e}");
+        // A secret ending in base64 padding reads as a name and a short secret: refused,
+        // saying the shape, never signed in with half the secret.
+        let e = "c2VjcmV0LXNlY3JldC1zZWNyZXQ="
+            .parse::<ConsoleToken>()
+            .expect_err("padded");
+        assert!(e.contains("[NAME=]SECRET[@TENANT_ID]"), "{e}");
+        let list = ConsoleToken::parse_list(
+            " alice=0123456789abcdef, ,0123456789abcdef@00000000-0000-4000-8000-000000000001 ",
+        )
+        .expect("two tokens");
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[0].name(), Some("alice"));
+        assert!(ConsoleToken::parse_list("short").is_err());
     }
 
     #[test]

@@ -6,18 +6,20 @@
 //! letters newest first with filters (status, queue, tenant, kind, a job or correlation id),
 //! counts grouped by queue and by error with what varies stripped, one letter in full (its
 //! envelope, its raw bytes as text or hex), and replays or discards a letter through
-//! [`DeadLetters`], as `jobsctl dead-letters` does.
+//! [`DeadLetters`], as `jobsctl dead-letters` does; bulk runs over a filter (`bulk.rs`); the
+//! cron tasks and each tenant's freshness tier (`cron.rs`).
 //!
 //! Safety: every page but sign-in needs a session, made from a [`ConsoleToken`] of the
 //! configuration (`401` without one); a token scoped to a tenant sees and touches that
-//! tenant's letters only, everywhere (another's letter is `404`), and no queue figures, which
-//! are not per tenant. Every state-changing request is a POST that must come from the
+//! tenant's letters, runs and tier only, everywhere (another's letter is `404`), and no queue
+//! figures, which are not per tenant. Every state-changing request is a POST that must come from the
 //! console's own origin and carry the session's form token. Every value is escaped, and the
 //! pages are served with a `Content-Security-Policy` that runs no inline script, so markup in
 //! a payload or an error renders as text.
 
 mod auth;
 mod bulk;
+mod cron;
 mod html;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -34,8 +36,8 @@ use chrono::{DateTime, Utc};
 use jobs_consumers::{DeadLetters, ReplayError};
 use jobs_core::{
     BulkRuns, CorrelationId, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
-    DeadLetterStore, JobId, Kind, QueueDepth, QueueName, QueuePort, Resolution, TenantId,
-    Transition,
+    DeadLetterStore, JobId, Kind, QueueDepth, QueueName, QueuePort, Resolution, TenantDirectory,
+    TenantId, Transition,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -68,6 +70,7 @@ pub struct Console {
     samples: Mutex<HashMap<QueueName, VecDeque<u64>>>,
     sampling: std::sync::Once,
     runs: Option<Arc<dyn BulkRuns>>,
+    tenants: Option<Arc<dyn TenantDirectory>>,
     replay_rate: u32,
     executing: bulk::Executing,
 }
@@ -89,6 +92,7 @@ impl Console {
             samples: Mutex::default(),
             sampling: std::sync::Once::new(),
             runs: None,
+            tenants: None,
             replay_rate: DEFAULT_REPLAY_RATE,
             executing: bulk::Executing::default(),
         }
@@ -161,6 +165,13 @@ impl Console {
         self
     }
 
+    /// Shows on the cron page each tenant of `directory` with the freshness tier its
+    /// entitlement gives it and its next recompute.
+    pub fn tenants(mut self, directory: Arc<dyn TenantDirectory>) -> Self {
+        self.tenants = Some(directory);
+        self
+    }
+
     /// Publishes a bulk run's replays at most `per_second` a second (at least 1), so that a
     /// thousand replays do not land on the queue at once; [`DEFAULT_REPLAY_RATE`] unless set.
     pub fn replay_rate(mut self, per_second: u32) -> Self {
@@ -184,7 +195,7 @@ impl Console {
             .route("/runs", get(bulk::runs_page))
             .route("/runs/{id}", get(bulk::run_page))
             .route("/runs/{id}/resume", post(bulk::resume))
-            .route("/cron", get(cron))
+            .route("/cron", get(cron::cron))
             .route("/assets/console.css", get(css))
             .route("/assets/console.js", get(js))
             .with_state(Arc::new(self))
@@ -745,9 +756,11 @@ fn letter_row(letter: &DeadLetter) -> String {
 
 /// Who a session's changes are recorded as, in the letter's history.
 fn who(session: &Session) -> String {
-    match session.tenant {
-        Some(tenant) => format!("console (tenant {tenant})"),
-        None => "console (operator)".to_owned(),
+    match (&session.name, session.tenant) {
+        (Some(name), Some(tenant)) => format!("console ({name}, tenant {tenant})"),
+        (Some(name), None) => format!("console ({name})"),
+        (None, Some(tenant)) => format!("console (tenant {tenant})"),
+        (None, None) => "console (operator)".to_owned(),
     }
 }
 
@@ -958,34 +971,4 @@ async fn discard(
     Form(form): Form<Csrf>,
 ) -> Response {
     resolve(&console, &headers, id, &form.csrf, Resolution::Discard).await
-}
-
-async fn cron(State(console): Shared, headers: HeaderMap) -> Response {
-    let Some(session) = console.gate.session(&headers) else {
-        return unauthorised();
-    };
-    let now = SystemTime::now();
-    let mut body = String::from(
-        "<p class=\"note\">The standard periodic tasks, fanned out per tenant at each slot.</p>\
-         <table><tr><th>task</th><th>queue</th><th>schedule</th><th>next slot</th>\
-         <th>tenants</th></tr>",
-    );
-    for task in jobs_cron::standard_tasks() {
-        body.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            escape(task.kind.as_str()),
-            escape(task.queue.as_str()),
-            escape(&task.schedule.to_string()),
-            task.schedule
-                .next_after(now)
-                .map_or_else(|| "-".to_owned(), time),
-            if task.tier.is_some() {
-                "those due at the slot by their freshness tier"
-            } else {
-                "every tenant"
-            }
-        ));
-    }
-    body.push_str("</table>");
-    html_page(StatusCode::OK, page("Cron", Some(&session.csrf), &body))
 }

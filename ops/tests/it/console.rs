@@ -2,11 +2,13 @@
 //! cross-site requests, inert markup, and a replay that puts the job back on its queue.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use jobs_adapter_memory::{MemoryQueue, MemoryStore};
+use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryTenantDirectory};
 use jobs_core::{
-    DeadLetterId, DeadLetterStatus, DeadLetterStore, Envelope, NewDeadLetter, PullPort, QueueName,
+    DeadLetterId, DeadLetterStatus, DeadLetterStore, Envelope, NewDeadLetter, PublishOptions,
+    PullPort, QueueError, QueueName, QueuePort, Receipt, Tenant,
 };
 use jobs_ops::console::{Console, ConsoleToken};
 use jobs_testkit::fixtures;
@@ -28,11 +30,29 @@ fn queue_name() -> QueueName {
     "billing.invoices".parse().expect("a queue")
 }
 
+/// Tenants 1 to 3 with a freshness tier of `6h`, none, and one that is no tier, and 57 more
+/// without one: 60 in all, more than a page of the cron page's tenants.
+fn directory() -> MemoryTenantDirectory {
+    MemoryTenantDirectory::with_tenants((1..=60).map(|n| Tenant {
+        id: fixtures::tenant(n),
+        entitlements: match n {
+            1 => [("data_freshness".to_owned(), "6h".to_owned())].into(),
+            3 => [("data_freshness".to_owned(), "<b>2h</b>".to_owned())].into(),
+            _ => Default::default(),
+        },
+    }))
+}
+
 /// Three letters of tenant 1 failing alike, one of tenant 2 whose payload and error hold
 /// markup, and one poison message of bytes.
 async fn serve() -> Served {
-    let store = MemoryStore::default();
     let queue = MemoryQueue::default();
+    serve_with(queue.clone(), Arc::new(queue)).await
+}
+
+/// [`serve`], replaying through `publisher` (which puts jobs on `queue`).
+async fn serve_with(queue: MemoryQueue, publisher: Arc<dyn QueuePort>) -> Served {
+    let store = MemoryStore::default();
     let mut ids = vec![];
     for (n, tenant, error) in [
         (17, 1, "customer 17 not found".to_owned()),
@@ -85,12 +105,15 @@ async fn serve() -> Served {
             .id(),
     );
     let tokens = vec![
-        ConsoleToken::operator(OPERATOR).expect("a token"),
+        ConsoleToken::operator(OPERATOR)
+            .and_then(|t| t.named("alice"))
+            .expect("a token"),
         ConsoleToken::tenant(TENANT_ONE, fixtures::tenant(1)).expect("a token"),
     ];
-    let router = Console::new(Arc::new(store.clone()), Arc::new(queue.clone()), tokens)
+    let router = Console::new(Arc::new(store.clone()), publisher, tokens)
         .depth(Arc::new(queue.clone()), vec![queue_name()])
         .bulk_runs(Arc::new(store.clone()))
+        .tenants(Arc::new(directory()))
         .replay_rate(1_000)
         .router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -275,7 +298,7 @@ async fn an_operator_sees_counts_by_error_and_replays_a_letter_onto_its_queue() 
         "the page shows the new status"
     );
     assert!(
-        after.contains("pending_review → replayed</td><td>console (operator)</td>"),
+        after.contains("pending_review → replayed</td><td>console (alice)</td>"),
         "the history names who replayed it: {after}"
     );
     assert!(!after.contains("id=\"replay\""), "no second replay button");
@@ -485,7 +508,7 @@ async fn a_bulk_discard_states_its_count_first_and_settles_every_matching_letter
     assert_eq!(runs.len(), 1, "one run, journaled in the store");
     assert_eq!(runs[0].done(), 5);
     assert!(runs[0].is_finished());
-    assert_eq!(runs[0].by, "console (operator)");
+    assert_eq!(runs[0].by, "console (alice)", "the token's name");
 }
 
 #[tokio::test]
@@ -499,5 +522,244 @@ async fn a_tenants_bulk_run_touches_its_own_letters_only() {
     }
     for other in &s.ids[3..] {
         assert_eq!(s.status(*other).await, DeadLetterStatus::PendingReview);
+    }
+}
+
+/// A queue that takes `allowed` publishes, then fails every one as unavailable until healed.
+struct Flaky {
+    queue: MemoryQueue,
+    allowed: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl QueuePort for Flaky {
+    async fn publish(
+        &self,
+        queue: &QueueName,
+        envelope: &Envelope,
+        opts: PublishOptions,
+    ) -> Result<Receipt, QueueError> {
+        let took = self
+            .allowed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if took.is_err() {
+            return Err(QueueError::Unavailable {
+                queue: queue.clone(),
+                message: "down for the test".to_owned(),
+                source: None,
+            });
+        }
+        self.queue.publish(queue, envelope, opts).await
+    }
+}
+
+/// Polls the run at `run` until its state is `state`: the page then.
+async fn run_reaches(s: &Served, cookie: &str, run: &str, state: &str) -> String {
+    for _ in 0..250 {
+        let (_, page) = s.get(Some(cookie), run).await;
+        if page.contains(&format!("<span id=\"state\">{state}</span>")) {
+            return page;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the bulk run at {run} never reached `{state}`");
+}
+
+#[tokio::test]
+async fn a_bulk_replay_stopped_by_a_failing_queue_is_resumed_from_its_page_and_replays_each_letter_once()
+ {
+    let queue = MemoryQueue::default();
+    let flaky = Arc::new(Flaky {
+        queue: queue.clone(),
+        allowed: AtomicUsize::new(2),
+    });
+    let s = serve_with(queue, flaky.clone()).await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let (_, list) = s
+        .get(Some(&cookie), "/letters?queue=billing.invoices")
+        .await;
+    let csrf = csrf_of(&list);
+    let started = s
+        .client
+        .post(format!("{}/bulk/confirm", s.base))
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, &s.base)
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("action", "replay"),
+            ("queue", "billing.invoices"),
+            ("kind", "billing.invoice_issued"),
+        ])
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(started.status(), StatusCode::SEE_OTHER);
+    let run = started
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .expect("the run's page")
+        .to_owned();
+    let stopped = run_reaches(&s, &cookie, &run, "stopped before the end").await;
+    assert!(
+        stopped.contains("<span id=\"done\">2</span> of 4 letters"),
+        "{stopped}"
+    );
+    assert!(stopped.contains(">Resume</button>"), "{stopped}");
+    let mut waiting = 0;
+    for id in &s.ids[..4] {
+        waiting += usize::from(s.status(*id).await == DeadLetterStatus::PendingReview);
+    }
+    // A replay marks the letter, then publishes (deduplicated by the letter): the one whose
+    // publish failed is marked but unsettled in the run, the one after it untouched.
+    assert_eq!(waiting, 1, "the letter after the failure is still waiting");
+    // The queue is back: resuming settles the rest, and no letter is published twice.
+    flaky.allowed.store(usize::MAX, Ordering::SeqCst);
+    let resumed = s
+        .client
+        .post(format!("{}{run}/resume", s.base))
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, &s.base)
+        .form(&[("csrf", csrf_of(&stopped).as_str())])
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(resumed.status(), StatusCode::SEE_OTHER);
+    let finished = run_reaches(&s, &cookie, &run, "finished").await;
+    assert!(
+        finished.contains("<span id=\"done\">4</span> of 4 letters"),
+        "{finished}"
+    );
+    for id in &s.ids[..4] {
+        assert_eq!(s.status(*id).await, DeadLetterStatus::Replayed);
+    }
+    let delivered = s
+        .queue
+        .receive(&queue_name(), 10, Duration::from_secs(30))
+        .await
+        .expect("receive");
+    let mut jobs: Vec<_> = delivered
+        .iter()
+        .map(|d| Envelope::decode(&d.payload).expect("an envelope").job_id)
+        .collect();
+    jobs.sort();
+    jobs.dedup();
+    assert_eq!(
+        (delivered.len(), jobs.len()),
+        (4, 4),
+        "each letter replayed once"
+    );
+}
+
+/// The cron page's rows of tenants: (tenant, tier as said, next recompute).
+fn tier_rows(page: &str) -> Vec<(String, String, String)> {
+    let table = page.split("<table id=\"tiers\">").nth(1).unwrap_or("");
+    let row = regex::Regex::new(
+        r#"<tr><td class="id">([^<]+)</td><td>([^<]*)</td><td>([^<]*)</td></tr>"#,
+    )
+    .expect("a regex");
+    row.captures_iter(table)
+        .map(|c| (c[1].to_owned(), c[2].to_owned(), c[3].to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_cron_page_shows_each_tenants_freshness_tier_and_next_recompute() {
+    let s = serve().await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let freshness = jobs_cron::standard_tasks()
+        .into_iter()
+        .find(|t| t.kind.as_str() == jobs_cron::DATA_FRESHNESS_KIND)
+        .expect("the freshness task");
+    let next = |tier: jobs_cron::Tier| {
+        let at = freshness
+            .next_slot_for(Some(tier), SystemTime::now())
+            .expect("a slot");
+        chrono::DateTime::<chrono::Utc>::from(at)
+            .format("%Y-%m-%d %H:%M:%S UTC")
+            .to_string()
+    };
+    let (status, first) = s.get(Some(&cookie), "/cron").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        first.contains(jobs_cron::DATA_FRESHNESS_KIND),
+        "the tasks are listed"
+    );
+    let rows = tier_rows(&first);
+    assert_eq!(rows.len(), 50, "one page of tenants");
+    assert_eq!(
+        rows[0],
+        (
+            fixtures::tenant(1).to_string(),
+            "6h".to_owned(),
+            next(jobs_cron::Tier::Every6Hours)
+        )
+    );
+    assert_eq!(
+        rows[1],
+        (
+            fixtures::tenant(2).to_string(),
+            "nightly (default: no data_freshness)".to_owned(),
+            next(jobs_cron::Tier::Nightly)
+        )
+    );
+    assert!(
+        rows[2]
+            .1
+            .starts_with("nightly (default: `&lt;b&gt;2h&lt;/b&gt;` is not"),
+        "{:?}",
+        rows[2]
+    );
+    // The next page holds the other ten, each once.
+    let more = regex::Regex::new(r#"href="(/cron\?after=[^"]+)">More tenants"#)
+        .expect("a regex")
+        .captures(&first)
+        .map(|c| c[1].to_owned())
+        .expect("a link to more tenants");
+    let (_, second) = s.get(Some(&cookie), &more).await;
+    let mut seen: Vec<String> = rows
+        .into_iter()
+        .chain(tier_rows(&second))
+        .map(|r| r.0)
+        .collect();
+    assert!(!second.contains("More tenants"), "the last page");
+    seen.dedup();
+    assert_eq!(
+        seen,
+        (1..=60)
+            .map(|n| fixtures::tenant(n).to_string())
+            .collect::<Vec<_>>()
+    );
+    // One tenant by id; a bad id is named.
+    let (_, found) = s
+        .get(
+            Some(&cookie),
+            &format!("/cron?tenant={}", fixtures::tenant(3)),
+        )
+        .await;
+    assert_eq!(tier_rows(&found).len(), 1);
+    assert_eq!(tier_rows(&found)[0].0, fixtures::tenant(3).to_string());
+    let (status, refused) = s.get(Some(&cookie), "/cron?tenant=someone").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(refused.contains("tenant: `someone`"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_tenant_token_sees_its_own_tier_only_on_the_cron_page() {
+    let s = serve().await;
+    let cookie = s.sign_in(TENANT_ONE).await;
+    for path in [
+        "/cron".to_owned(),
+        format!("/cron?tenant={}", fixtures::tenant(2)),
+        format!("/cron?after={}", fixtures::tenant(1)),
+    ] {
+        let (status, page) = s.get(Some(&cookie), &path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        let rows = tier_rows(&page);
+        assert_eq!(rows.len(), 1, "{path}");
+        assert_eq!(rows[0].0, fixtures::tenant(1).to_string(), "{path}");
+        assert_eq!(rows[0].1, "6h", "{path}");
+        assert!(!page.contains("More tenants"), "{path}");
+        assert!(!page.contains(&fixtures::tenant(2).to_string()), "{path}");
     }
 }

@@ -93,6 +93,26 @@ async fn paging_reaches_every_tenant_once() {
 }
 
 #[tokio::test]
+async fn one_tenant_is_looked_up_by_id() {
+    with_databases(|dbs| async move {
+        let all = ids(5);
+        let directory =
+            PgTenantDirectory::new(tenants(&dbs, &all[..4], r#"{"data_freshness": "3h"}"#).await);
+        for id in &all[..4] {
+            let found = directory
+                .tenant(*id)
+                .await
+                .expect("a lookup")
+                .expect("held");
+            assert_eq!(found.id, *id);
+            assert_eq!(found.entitlements["data_freshness"], "3h");
+        }
+        assert_eq!(directory.tenant(all[4]).await.expect("a lookup"), None);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn an_empty_directory_is_one_empty_last_page() {
     with_databases(|dbs| async move {
         let directory = PgTenantDirectory::new(tenants(&dbs, &[], "{}").await);
