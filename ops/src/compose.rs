@@ -413,6 +413,29 @@ pub const CONSOLE_TOKENS: Key = Key {
             records; secrets of 16 characters or more",
 };
 
+/// How fast the console's bulk replays publish.
+pub const CONSOLE_REPLAY_RATE: Key = Key {
+    name: "console_replay_rate",
+    flag: None,
+    env: "JOBS_CONSOLE_REPLAY_RATE",
+    default: Some("20"),
+    secret: false,
+    about: "replays a second the console's bulk runs publish, so a thousand replays do not \
+            land on the queue at once",
+};
+
+/// [`CONSOLE_REPLAY_RATE`]: a whole number of replays a second, at least 1.
+pub fn console_replay_rate(config: &Config) -> Result<u32, ComposeError> {
+    let value = config.require(&CONSOLE_REPLAY_RATE)?;
+    match value.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(ComposeError::Invalid {
+            key: CONSOLE_REPLAY_RATE.describe(),
+            message: format!("`{value}` is not a whole number of replays a second above zero"),
+        }),
+    }
+}
+
 /// Every configuration key, in the order `jobsctl config` prints them.
 pub const KEYS: &[Key] = &[
     DATABASE_URL,
@@ -443,6 +466,7 @@ pub const KEYS: &[Key] = &[
     OUTBOX_RELAY,
     FAIR,
     CONSOLE_TOKENS,
+    CONSOLE_REPLAY_RATE,
     VERCEL_QUEUES_PUSH,
     VERCEL_QUEUES_TRUST_PUSHED,
 ];
@@ -1328,6 +1352,24 @@ mod tests {
             missing.to_string().contains("BETTERSTACK_TOKEN"),
             "{missing}"
         );
+    }
+
+    #[test]
+    fn the_consoles_replay_rate_defaults_to_twenty_and_refuses_zero_naming_the_key() {
+        let config = |value: Option<&str>| {
+            let env: Vec<(&str, &str)> = value
+                .map(|v| ("JOBS_CONSOLE_REPLAY_RATE", v))
+                .into_iter()
+                .collect();
+            Config::resolve(&BTreeMap::new(), &env_of(&env), &ConfigFile::None).expect("a config")
+        };
+        assert_eq!(console_replay_rate(&config(None)).expect("the default"), 20);
+        assert_eq!(console_replay_rate(&config(Some("5"))).expect("set"), 5);
+        for bad in ["0", "-1", "fast", "99999999999"] {
+            let e = console_replay_rate(&config(Some(bad))).expect_err(bad);
+            assert!(e.to_string().contains("JOBS_CONSOLE_REPLAY_RATE"), "{e}");
+            assert!(e.to_string().contains(&format!("`{bad}`")), "{e}");
+        }
     }
 
     #[test]

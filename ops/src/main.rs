@@ -566,7 +566,8 @@ async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -
     } else {
         Console::new(store.dead_letters(), queue.publisher.clone(), tokens)
     }
-    .bulk_runs(store.bulk_runs());
+    .bulk_runs(store.bulk_runs())
+    .replay_rate(compose::console_replay_rate(config)?);
     if let Some(tenants) = store.tenants() {
         console = console.tenants(tenants);
     }

@@ -1204,7 +1204,8 @@ where
     let tokens = ConsoleToken::parse_list(list).map_err(|e| refused(&CONSOLE_TOKENS, &e))?;
     let store: Arc<dyn DeadLetterStore> = Arc::new(opened.store.clone());
     let mut console = Console::new(store, opened.publisher.clone(), tokens)
-        .bulk_runs(Arc::new(opened.store.clone()));
+        .bulk_runs(Arc::new(opened.store.clone()))
+        .replay_rate(compose::console_replay_rate(config)?);
     if let Some(tenants) = &opened.tenants {
         console = console.tenants(tenants.clone());
     }
