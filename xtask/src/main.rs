@@ -6,6 +6,7 @@ mod browser;
 mod conformance;
 mod deps;
 mod emulators;
+mod mutants;
 mod packaging;
 mod services;
 mod workspace;
@@ -23,7 +24,7 @@ Usage: cargo xtask <command>
 Commands:
   ci      run every CI check in order: fmt, deps, adr, packaging, services, emulators, clippy,
           schema, features, test, conformance (the vendors' Node SDKs against the fakes),
-          browser (the console in Chromium), doc
+          browser (the console in Chromium), mutants (those of the last commit), doc
   schema  regenerate the committed JSON schema of jobs-core from the code
   emulators
           install the vendors' emulators the tests run (Vercel Queues) into .venv
@@ -31,6 +32,10 @@ Commands:
           run a benchmark (release build) next to its baseline: consume, ratelimit, vercel,
           pg-queue (JOBS_BENCH_PG_QUEUE_JOBS=10000 for a quick run), fairness
           (JOBS_BENCH_FAIR_BACKLOGS=10000 for a quick run)
+  mutants [--in-diff [BASE]]
+          mutation testing of the runtime and the semantics crates (pinned cargo-mutants,
+          installed when missing): every mutant, or with --in-diff those of lines changed since
+          BASE (default HEAD~1); survivors fail unless xtask/equivalent-mutants.txt explains them
   help    print this message
 ";
 
@@ -41,6 +46,7 @@ enum Task {
     Schema,
     Emulators,
     Bench(String),
+    Mutants(mutants::Scope),
     Help,
     Unknown(String),
 }
@@ -52,10 +58,17 @@ fn parse_args(args: &[String]) -> Task {
             "ci" => Task::Ci,
             "schema" => Task::Schema,
             "emulators" => Task::Emulators,
+            "mutants" => Task::Mutants(mutants::Scope::All),
             "help" | "--help" | "-h" => Task::Help,
             _ => Task::Unknown(arg.clone()),
         },
         [command, name] if command == "bench" => Task::Bench(name.clone()),
+        [command, flag] if command == "mutants" && flag == "--in-diff" => {
+            Task::Mutants(mutants::Scope::InDiff(mutants::DEFAULT_BASE.to_owned()))
+        }
+        [command, flag, base] if command == "mutants" && flag == "--in-diff" => {
+            Task::Mutants(mutants::Scope::InDiff(base.clone()))
+        }
         _ => Task::Unknown(args.join(" ")),
     }
 }
@@ -107,6 +120,17 @@ fn main() -> ExitCode {
             Ok(problems) if problems.is_empty() => ExitCode::SUCCESS,
             Ok(problems) => {
                 problems.iter().for_each(|p| eprintln!("{p}"));
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("{e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Task::Mutants(scope) => match mutants::run(&workspace_root(), &scope) {
+            Ok(problems) if problems.is_empty() => ExitCode::SUCCESS,
+            Ok(problems) => {
+                problems.iter().for_each(|p| eprintln!("error: {p}"));
                 ExitCode::FAILURE
             }
             Err(e) => {
@@ -258,6 +282,7 @@ fn plan(nextest: bool) -> Vec<Step> {
         ),
         check("conformance", conformance::run),
         check("browser", browser::run),
+        check("mutants", mutants::ci),
         run(
             "doc",
             &[Cmd {
@@ -436,6 +461,18 @@ mod tests {
             parse_args(&args(&["bench", "consume"])),
             Task::Bench("consume".into())
         );
+        assert_eq!(
+            parse_args(&args(&["mutants"])),
+            Task::Mutants(mutants::Scope::All)
+        );
+        assert_eq!(
+            parse_args(&args(&["mutants", "--in-diff"])),
+            Task::Mutants(mutants::Scope::InDiff("HEAD~1".into()))
+        );
+        assert_eq!(
+            parse_args(&args(&["mutants", "--in-diff", "main"])),
+            Task::Mutants(mutants::Scope::InDiff("main".into()))
+        );
         assert_eq!(parse_args(&args(&["lint"])), Task::Unknown("lint".into()));
         assert_eq!(
             parse_args(&args(&["ci", "x"])),
@@ -461,6 +498,7 @@ mod tests {
                 "test",
                 "conformance",
                 "browser",
+                "mutants",
                 "doc"
             ]
         );

@@ -1,0 +1,637 @@
+//! `cargo xtask mutants`: mutation testing of the runtime and the semantics crates with a
+//! pinned cargo-mutants, each group of files against the tests that reach it, and a report of
+//! caught / missed / unviable / timed out per file.
+//!
+//! A surviving mutant fails the run unless `xtask/equivalent-mutants.txt` lists it with the
+//! reason it cannot change behaviour; listed ones may be at most [`MAX_EQUIVALENT_PERCENT`] of
+//! the viable mutants of a full run, and an entry whose mutant is caught must go.
+//!
+//! Mutants are applied in the source tree (`--in-place`, reusing the target directory's
+//! incremental builds), so the run refuses to start over uncommitted changes to the files it
+//! mutates: after an interrupted run, `git checkout` of them restores the sources.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::conformance;
+
+/// The cargo-mutants release the figures in ARCHITECTURE.md were measured with.
+pub(crate) const VERSION: &str = "27.0.0";
+
+/// The committed list of equivalent mutants, one `FILE: MUTATION -- REASON` a line.
+const EQUIVALENT: &str = "xtask/equivalent-mutants.txt";
+
+/// Listed equivalent mutants allowed, in percent of the viable ones of a full run.
+const MAX_EQUIVALENT_PERCENT: usize = 3;
+
+/// Mutants of some files, tested by the tests that reach them.
+struct Group {
+    /// Names the group in the report and its output directory.
+    name: &'static str,
+    /// The package whose files are mutated.
+    package: &'static str,
+    /// Globs of the mutated files.
+    files: &'static [&'static str],
+    /// Only mutants whose names match this regex, when set.
+    only: Option<&'static str>,
+    /// The package whose tests run, when not `package`.
+    test_package: Option<&'static str>,
+    /// Features the tests need.
+    features: &'static [&'static str],
+    /// Arguments to `cargo test` choosing the tests.
+    test_args: &'static [&'static str],
+    /// Test only the mutants of these files that the named group missed: slower tests
+    /// (a real database) asked about what the fast ones let through.
+    missed_by: Option<&'static str>,
+}
+
+/// Own tests of a package, without its doctests (their builds dominate a mutant's time and
+/// every behaviour they show is tested beside them).
+const OWN_TESTS: &[&str] = &["--lib", "--tests"];
+
+const GROUPS: &[Group] = &[
+    Group {
+        name: "consumers",
+        package: "jobs-consumers",
+        files: &["consumers/src/**"],
+        only: None,
+        test_package: None,
+        features: &[],
+        test_args: OWN_TESTS,
+        missed_by: None,
+    },
+    // The runtime's grouped mode, on PostgreSQL: what the in-memory tests missed in the
+    // runtime, against the model and contract tests on a real queue and store.
+    Group {
+        name: "consumers-on-postgres",
+        package: "jobs-consumers",
+        files: &["consumers/src/group.rs", "consumers/src/worker.rs"],
+        only: None,
+        test_package: Some("jobs-adapter-postgres"),
+        features: &["jobs-adapter-postgres/queue"],
+        test_args: &["--test", "it", "--", "queue::"],
+        missed_by: Some("consumers"),
+    },
+    // The PostgreSQL side of the grouped path: leasing, holding, claiming and settling inside
+    // the work transaction, and the lease tokens.
+    Group {
+        name: "postgres-grouped",
+        package: "jobs-adapter-postgres",
+        files: &["adapters/postgres/src/queue.rs"],
+        only: Some(
+            r"SettleInTransaction|PullPort for PgQueue>::receive|PgQueue::settle|in tokens|replace tokens|parse_token|replace token ",
+        ),
+        test_package: None,
+        features: &["jobs-adapter-postgres/queue"],
+        test_args: &["--test", "it", "--", "queue::"],
+        missed_by: None,
+    },
+    Group {
+        name: "notifications",
+        package: "jobs-notifications",
+        files: &["notifications/src/**"],
+        only: None,
+        test_package: None,
+        features: &[],
+        test_args: OWN_TESTS,
+        missed_by: None,
+    },
+    Group {
+        name: "cron",
+        package: "jobs-cron",
+        files: &["cron/src/**"],
+        only: None,
+        test_package: None,
+        features: &[],
+        test_args: OWN_TESTS,
+        missed_by: None,
+    },
+    Group {
+        name: "redis",
+        package: "jobs-adapter-redis",
+        files: &["adapters/redis/src/lib.rs"],
+        only: None,
+        test_package: None,
+        features: &[],
+        test_args: OWN_TESTS,
+        missed_by: None,
+    },
+];
+
+/// The base `--in-diff` compares with when none is given, and CI's unless
+/// `JOBS_MUTANTS_BASE` says otherwise: the last commit's changes.
+pub(crate) const DEFAULT_BASE: &str = "HEAD~1";
+
+/// The CI step: the mutants of the last commit (`JOBS_MUTANTS_BASE` to compare with another
+/// base). A tree with uncommitted changes to the mutated files is left alone, saying so: CI's
+/// clean checkout runs it.
+pub(crate) fn ci(root: &Path) -> Result<Vec<String>> {
+    let dirty = uncommitted(root)?;
+    if !dirty.is_empty() {
+        println!(
+            "mutants: not run over uncommitted changes to {} (sources are mutated in place); \
+             a clean checkout runs it",
+            dirty.join(", ")
+        );
+        return Ok(vec![]);
+    }
+    let base = std::env::var("JOBS_MUTANTS_BASE").unwrap_or_else(|_| DEFAULT_BASE.to_owned());
+    run(root, &Scope::InDiff(base))
+}
+
+/// What to run: every mutant, or those of lines a diff against a base touched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Scope {
+    All,
+    InDiff(String),
+}
+
+/// How one mutant ended, best first: a mutant tested twice keeps its best outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fate {
+    Caught,
+    TimedOut,
+    Missed,
+    Unviable,
+}
+
+/// `cargo xtask mutants [--in-diff BASE]`: one message per problem.
+pub(crate) fn run(root: &Path, scope: &Scope) -> Result<Vec<String>> {
+    let equivalent = read_equivalent(&root.join(EQUIVALENT))?;
+    install()?;
+    let out = target_dir(root).join("mutants");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let diff = match scope {
+        Scope::All => None,
+        Scope::InDiff(base) => Some(write_diff(root, base, &out)?),
+    };
+    let dirty = uncommitted(root)?;
+    if !dirty.is_empty() {
+        return Ok(vec![format!(
+            "cargo xtask mutants mutates sources in place: commit or stash the changes to {} \
+             first",
+            dirty.join(", ")
+        )]);
+    }
+    let mut fates: BTreeMap<String, (String, Fate)> = BTreeMap::new();
+    let mut missed_by_group: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for group in GROUPS {
+        let only_names = match group.missed_by {
+            None => None,
+            Some(earlier) => {
+                let names: Vec<String> = missed_by_group
+                    .get(earlier)
+                    .map(|missed| {
+                        missed
+                            .iter()
+                            .filter(|name| group.files.iter().any(|f| name.starts_with(f)))
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if names.is_empty() {
+                    println!("mutants: {}: nothing {earlier} missed to ask", group.name);
+                    continue;
+                }
+                Some(names)
+            }
+        };
+        let dir = out.join(group.name);
+        let outcomes = run_group(root, group, diff.as_deref(), only_names.as_deref(), &dir)?;
+        let missed = missed_by_group.entry(group.name).or_default();
+        for (name, file, fate) in outcomes {
+            if fate == Fate::Missed {
+                missed.push(name.clone());
+            }
+            let entry = fates.entry(name).or_insert((file, fate));
+            entry.1 = entry.1.min(fate);
+        }
+    }
+    let report = Report::new(&fates, &equivalent);
+    print!("{}", report.table());
+    Ok(report.problems(*scope == Scope::All))
+}
+
+/// Installs the pinned cargo-mutants when another version or none is installed.
+fn install() -> Result<()> {
+    let installed = Command::new(conformance::cargo())
+        .args(["mutants", "--version"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    if installed.as_deref() == Some(&format!("cargo-mutants {VERSION}")) {
+        return Ok(());
+    }
+    println!(
+        "mutants: installing cargo-mutants {VERSION} (found {})",
+        installed.as_deref().unwrap_or("none")
+    );
+    let status = Command::new(conformance::cargo())
+        .args(["install", "cargo-mutants", "--locked", "--version", VERSION])
+        .status()
+        .context("running cargo install")?;
+    if !status.success() {
+        bail!("cargo install cargo-mutants --version {VERSION} failed ({status})");
+    }
+    Ok(())
+}
+
+/// The diff of the working tree against `base`, written where cargo-mutants reads it.
+fn write_diff(root: &Path, base: &str, out: &Path) -> Result<PathBuf> {
+    let diff = Command::new("git")
+        .args(["diff", "--no-color", "--no-ext-diff", base, "--", "*.rs"])
+        .current_dir(root)
+        .output()
+        .context("running git diff")?;
+    if !diff.status.success() {
+        bail!(
+            "git diff {base} failed: {} (is {base} a commit of this clone?)",
+            String::from_utf8_lossy(&diff.stderr).trim()
+        );
+    }
+    let path = out.join("in-diff.patch");
+    std::fs::write(&path, &diff.stdout).with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "mutants: only lines changed since {base} ({} lines of diff)",
+        diff.stdout.iter().filter(|b| **b == b'\n').count()
+    );
+    Ok(path)
+}
+
+/// Files of the groups with uncommitted changes.
+fn uncommitted(root: &Path) -> Result<Vec<String>> {
+    let mut args = vec!["status", "--porcelain", "--"];
+    let dirs: BTreeSet<&str> = GROUPS
+        .iter()
+        .flat_map(|g| g.files.iter())
+        .map(|f| f.trim_end_matches("/**"))
+        .collect();
+    args.extend(dirs);
+    let status = Command::new("git")
+        .args(&args)
+        .current_dir(root)
+        .output()
+        .context("running git status")?;
+    Ok(String::from_utf8_lossy(&status.stdout)
+        .lines()
+        .map(|line| line.get(3..).unwrap_or(line).to_owned())
+        .collect())
+}
+
+/// Runs one group; its mutants' (name, file, fate).
+fn run_group(
+    root: &Path,
+    group: &Group,
+    diff: Option<&Path>,
+    only_names: Option<&[String]>,
+    dir: &Path,
+) -> Result<Vec<(String, String, Fate)>> {
+    let mut command = Command::new(conformance::cargo());
+    command
+        .current_dir(root)
+        .args(["mutants", "--in-place", "--no-shuffle", "--colors", "never"])
+        .args(["--package", group.package])
+        .args(["--minimum-test-timeout", "60"])
+        .arg("--output")
+        .arg(dir);
+    for file in group.files {
+        command.args(["--file", file]);
+    }
+    if let Some(only) = group.only {
+        command.args(["--re", only]);
+    }
+    if let Some(names) = only_names {
+        for name in names {
+            command.args(["--re", &format!("^{}$", escape_regex(name))]);
+        }
+    }
+    if let Some(package) = group.test_package {
+        command.args(["--test-package", package]);
+    }
+    if !group.features.is_empty() {
+        command.args(["--features", &group.features.join(",")]);
+    }
+    if let Some(diff) = diff {
+        command.arg("--in-diff").arg(diff);
+    }
+    command.arg("--").args(group.test_args);
+    println!("\n==> mutants: {} ({})", group.name, group.files.join(" "));
+    // Its exit status says whether mutants were missed; the outcomes say which.
+    let status = command.status().context("running cargo mutants")?;
+    let outcomes = dir.join("mutants.out").join("outcomes.json");
+    if !outcomes.exists() {
+        if status.success() {
+            return Ok(vec![]);
+        }
+        bail!(
+            "cargo mutants for {} failed ({status}) before testing any mutant",
+            group.name
+        );
+    }
+    let text = std::fs::read_to_string(&outcomes)
+        .with_context(|| format!("reading {}", outcomes.display()))?;
+    let parsed =
+        parse_outcomes(&text).with_context(|| format!("reading {}", outcomes.display()))?;
+    if parsed.baseline_failed {
+        bail!(
+            "the tests of {} fail without any mutant: fix them first (log in {})",
+            group.name,
+            dir.join("mutants.out").display()
+        );
+    }
+    Ok(parsed.mutants)
+}
+
+struct Outcomes {
+    baseline_failed: bool,
+    mutants: Vec<(String, String, Fate)>,
+}
+
+/// Reads cargo-mutants' `outcomes.json`.
+fn parse_outcomes(text: &str) -> Result<Outcomes> {
+    let json: Value = serde_json::from_str(text)?;
+    let mut parsed = Outcomes {
+        baseline_failed: false,
+        mutants: vec![],
+    };
+    for outcome in json["outcomes"].as_array().context("no `outcomes` array")? {
+        let summary = outcome["summary"].as_str().unwrap_or_default();
+        if outcome["scenario"] == "Baseline" {
+            parsed.baseline_failed = summary != "Success";
+            continue;
+        }
+        let mutant = &outcome["scenario"]["Mutant"];
+        let (Some(name), Some(file)) = (mutant["name"].as_str(), mutant["file"].as_str()) else {
+            bail!("an outcome without a mutant's name and file: {outcome}");
+        };
+        let fate = match summary {
+            "CaughtMutant" => Fate::Caught,
+            "MissedMutant" => Fate::Missed,
+            "Timeout" => Fate::TimedOut,
+            "Unviable" => Fate::Unviable,
+            other => bail!("mutant {name}: unknown outcome `{other}`"),
+        };
+        parsed
+            .mutants
+            .push((name.to_owned(), file.to_owned(), fate));
+    }
+    Ok(parsed)
+}
+
+/// A mutant's name without its line and column, which move with every edit above it:
+/// `consumers/src/retry.rs: replace * with +`.
+fn key(name: &str) -> String {
+    match name.split_once(": ") {
+        Some((place, what)) => {
+            let file = place.split(':').next().unwrap_or(place);
+            format!("{file}: {what}")
+        }
+        None => name.to_owned(),
+    }
+}
+
+/// The listed equivalent mutants: key → reason.
+fn read_equivalent(path: &Path) -> Result<BTreeMap<String, String>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_equivalent(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+fn parse_equivalent(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut listed = BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((mutant, reason)) = line.split_once(" -- ") else {
+            return Err(format!(
+                "line {}: `{line}` gives no reason (FILE: MUTATION -- REASON)",
+                n + 1
+            ));
+        };
+        if reason.trim().is_empty() {
+            return Err(format!("line {}: the reason is empty", n + 1));
+        }
+        listed.insert(key(mutant.trim()), reason.trim().to_owned());
+    }
+    Ok(listed)
+}
+
+/// The outcomes against the list.
+struct Report<'a> {
+    /// Per file: caught, timed out, missed (unlisted), listed, unviable.
+    files: BTreeMap<&'a str, [usize; 5]>,
+    missed: Vec<&'a str>,
+    stale: Vec<&'a str>,
+}
+
+impl<'a> Report<'a> {
+    fn new(
+        fates: &'a BTreeMap<String, (String, Fate)>,
+        equivalent: &'a BTreeMap<String, String>,
+    ) -> Self {
+        let mut report = Report {
+            files: BTreeMap::new(),
+            missed: vec![],
+            stale: vec![],
+        };
+        for (name, (file, fate)) in fates {
+            let listed = equivalent.contains_key(&key(name));
+            let column = match (fate, listed) {
+                (Fate::Caught, _) => 0,
+                (Fate::TimedOut, _) => 1,
+                (Fate::Missed, false) => 2,
+                (Fate::Missed, true) => 3,
+                (Fate::Unviable, _) => 4,
+            };
+            if column == 2 {
+                report.missed.push(name);
+            }
+            if listed && matches!(fate, Fate::Caught | Fate::TimedOut) {
+                report.stale.push(name);
+            }
+            report.files.entry(file).or_default()[column] += 1;
+        }
+        report
+    }
+
+    fn totals(&self) -> [usize; 5] {
+        self.files.values().fold([0; 5], |mut sum, row| {
+            sum.iter_mut().zip(row).for_each(|(s, n)| *s += n);
+            sum
+        })
+    }
+
+    fn table(&self) -> String {
+        let mut out = format!(
+            "\n{:<44} {:>7} {:>9} {:>7} {:>11} {:>9}\n",
+            "file", "caught", "timed out", "missed", "equivalent", "unviable"
+        );
+        let mut line = |file: &str, row: &[usize; 5]| {
+            let _ = writeln!(
+                out,
+                "{file:<44} {:>7} {:>9} {:>7} {:>11} {:>9}",
+                row[0], row[1], row[2], row[3], row[4]
+            );
+        };
+        for (file, row) in &self.files {
+            line(file, row);
+        }
+        line("total", &self.totals());
+        out
+    }
+
+    /// The problems: unlisted survivors, stale entries, and (on a full run) too many listed.
+    fn problems(&self, full: bool) -> Vec<String> {
+        let mut problems: Vec<String> = self
+            .missed
+            .iter()
+            .map(|name| format!("mutant survived: {name}"))
+            .collect();
+        problems.extend(self.stale.iter().map(|name| {
+            format!("{EQUIVALENT} lists {name}, which the tests catch: remove the entry")
+        }));
+        let [caught, timed_out, missed, listed, _] = self.totals();
+        let viable = caught + timed_out + missed + listed;
+        if full && listed * 100 > viable * MAX_EQUIVALENT_PERCENT {
+            problems.push(format!(
+                "{listed} listed equivalent mutants are more than {MAX_EQUIVALENT_PERCENT}% of \
+                 the {viable} viable ones"
+            ));
+        }
+        problems
+    }
+}
+
+/// `text` with regex metacharacters escaped, to match a mutant's name exactly.
+fn escape_regex(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if r"\.+*?()|[]{}^$#&-~".contains(c) {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// The target directory cargo builds into.
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mutants_key_drops_its_line_and_column() {
+        assert_eq!(
+            key("consumers/src/retry.rs:90:58: replace * with + in backoff"),
+            "consumers/src/retry.rs: replace * with + in backoff"
+        );
+        assert_eq!(
+            key("consumers/src/retry.rs: replace * with + in backoff"),
+            "consumers/src/retry.rs: replace * with + in backoff"
+        );
+    }
+
+    #[test]
+    fn every_listed_mutant_needs_a_reason() {
+        let listed = parse_equivalent(
+            "# comment\n\nconsumers/src/worker.rs:10:5: replace f with () -- drop does it\n",
+        )
+        .expect("one entry");
+        assert_eq!(
+            listed.get("consumers/src/worker.rs: replace f with ()"),
+            Some(&"drop does it".to_owned())
+        );
+        let e = parse_equivalent("consumers/src/worker.rs: replace f with ()\n")
+            .expect_err("no reason");
+        assert!(e.contains("line 1") && e.contains("no reason"), "{e}");
+        assert!(parse_equivalent("a.rs: m --  \n").is_err());
+    }
+
+    #[test]
+    fn outcomes_are_read_and_the_best_fate_of_a_mutant_counts() {
+        let text = r#"{"outcomes": [
+            {"scenario": "Baseline", "summary": "Success"},
+            {"scenario": {"Mutant": {"name": "a.rs:1:1: replace x with y", "file": "a.rs"}},
+             "summary": "MissedMutant"},
+            {"scenario": {"Mutant": {"name": "a.rs:2:1: replace z with w", "file": "a.rs"}},
+             "summary": "CaughtMutant"},
+            {"scenario": {"Mutant": {"name": "b.rs:1:1: replace q with r", "file": "b.rs"}},
+             "summary": "Unviable"}
+        ]}"#;
+        let parsed = parse_outcomes(text).expect("outcomes");
+        assert!(!parsed.baseline_failed);
+        assert_eq!(parsed.mutants.len(), 3);
+        assert_eq!(parsed.mutants[0].2, Fate::Missed);
+        assert!(Fate::Caught < Fate::Missed, "caught anywhere is caught");
+        let failed =
+            parse_outcomes(r#"{"outcomes": [{"scenario": "Baseline", "summary": "Failure"}]}"#)
+                .expect("outcomes");
+        assert!(failed.baseline_failed);
+        assert!(parse_outcomes(r#"{"outcomes": [{"scenario": {"Mutant": {"name": "a", "file": "a"}}, "summary": "Odd"}]}"#).is_err());
+    }
+
+    #[test]
+    fn survivors_fail_unless_listed_and_listed_ones_are_bounded() {
+        let fates: BTreeMap<String, (String, Fate)> = [
+            ("a.rs:1:1: m1", Fate::Missed),
+            ("a.rs:2:1: m2", Fate::Missed),
+            ("a.rs:3:1: m3", Fate::Caught),
+            ("b.rs:1:1: m4", Fate::Caught),
+            ("b.rs:2:1: m5", Fate::Unviable),
+        ]
+        .into_iter()
+        .map(|(n, f)| (n.to_owned(), (n[..4].to_owned(), f)))
+        .collect();
+        let listed: BTreeMap<String, String> = [("a.rs: m2", "why"), ("b.rs: m4", "why")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let report = Report::new(&fates, &listed);
+        assert_eq!(report.files["a.rs"], [1, 0, 1, 1, 0]);
+        assert_eq!(report.totals(), [2, 0, 1, 1, 1]);
+        let problems = report.problems(true);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("survived: a.rs:1:1: m1")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("b.rs:1:1: m4") && p.contains("remove")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("more than 3%")),
+            "{problems:?}"
+        );
+        assert!(
+            !report
+                .problems(false)
+                .iter()
+                .any(|p| p.contains("more than")),
+            "only full runs are bounded"
+        );
+    }
+
+    #[test]
+    fn names_are_escaped_to_match_themselves() {
+        assert_eq!(
+            escape_regex("a.rs:1:2: replace * with + in <impl X for Y>::f -> Vec<(i64, i64)>"),
+            r"a\.rs:1:2: replace \* with \+ in <impl X for Y>::f \-> Vec<\(i64, i64\)>"
+        );
+    }
+}
