@@ -1,6 +1,7 @@
 //! Coalescing alerts so that a storm of dead letters pages a human once, not a thousand times.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -162,21 +163,53 @@ impl CoalescingAlerter {
     }
 }
 
-/// One line per alert on standard error: the default alerter, for development and for
-/// deployments whose log pipeline pages. Put it behind a [`CoalescingAlerter`] like any other.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ConsoleAlerter;
+/// One line per alert on standard error (or another writer): the default alerter, for
+/// development and for deployments whose log pipeline pages. Put it behind a
+/// [`CoalescingAlerter`] like any other.
+#[derive(Clone, Default)]
+pub struct ConsoleAlerter {
+    /// Where the lines go; standard error when `None`.
+    out: Option<Arc<Mutex<dyn Write + Send>>>,
+}
+
+impl ConsoleAlerter {
+    /// An alerter writing its lines to `out` instead of standard error (a log file, a test).
+    pub fn writing_to(out: Arc<Mutex<dyn Write + Send>>) -> Self {
+        ConsoleAlerter { out: Some(out) }
+    }
+}
+
+impl std::fmt::Debug for ConsoleAlerter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let to = if self.out.is_some() {
+            "a writer"
+        } else {
+            "stderr"
+        };
+        f.debug_struct("ConsoleAlerter").field("to", &to).finish()
+    }
+}
 
 #[async_trait::async_trait]
 impl Alerter for ConsoleAlerter {
     async fn alert(&self, alert: &jobs_core::Alert) -> Result<(), jobs_core::AlertError> {
-        eprintln!(
-            "alert: {} ({}, {} time(s)): {}",
+        let line = format!(
+            "alert: {} ({}, {} time(s)): {}\n",
             alert.title,
             alert.queue.as_str(),
             alert.count,
             alert.detail
         );
-        Ok(())
+        let written = match &self.out {
+            None => std::io::stderr().lock().write_all(line.as_bytes()),
+            Some(out) => out
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .write_all(line.as_bytes()),
+        };
+        written.map_err(|e| jobs_core::AlertError::Unavailable {
+            message: "writing the alert failed".to_owned(),
+            source: Some(Box::new(e)),
+        })
     }
 }

@@ -110,6 +110,7 @@ impl ProcessedCleanup {
             let deleted = self.store.purge_processed(cutoff, self.batch).await?;
             total += deleted;
             if deleted < u64::from(self.batch) {
+                purged(total, "purged processed_jobs rows past their TTL");
                 return Ok(total);
             }
         }
@@ -157,14 +158,21 @@ impl<Tx: WorkTransaction> Handler<Tx> for ProcessedCleanup {
                     .publish(&job.queue, &next, PublishOptions::default())
                     .await
                     .map_err(|e| JobError::classed(e.class(), e))?;
-                tracing::info!(
+                purged(
                     deleted,
-                    "purged a batch of processed_jobs; the rest follows"
+                    "purged a batch of processed_jobs; the rest follows",
                 );
                 return Ok(());
             }
         }
-        tracing::info!(deleted, "purged processed_jobs rows past their TTL");
+        purged(deleted, "purged processed_jobs rows past their TTL");
         Ok(())
     }
+}
+
+/// Logs `deleted` rows purged and counts them in `jobs_processed_purged_total`, the figure an
+/// operator watches to see the table kept in bounds.
+fn purged(deleted: u64, what: &'static str) {
+    metrics::counter!("jobs_processed_purged_total").increment(deleted);
+    tracing::info!(deleted, "{what}");
 }

@@ -144,8 +144,17 @@ impl RetryPolicy {
 
 /// A uniform draw from `[0, 1)`.
 pub(crate) fn random_unit() -> f64 {
+    unit_from(getrandom::u64().ok())
+}
+
+/// `random` bits as a draw from `[0, 1)`; the midpoint when the system's source failed, so a
+/// retry still backs off by three quarters of its ceiling rather than not at all.
+fn unit_from(random: Option<u64>) -> f64 {
+    let Some(random) = random else {
+        return 0.5;
+    };
     // 53 random bits make every f64 in [0, 1) with that spacing equally likely.
-    let bits = getrandom::u64().unwrap_or(u64::MAX / 2) >> 11;
+    let bits = random >> 11;
     bits as f64 / (1u64 << 53) as f64
 }
 
@@ -202,5 +211,21 @@ impl fmt::Display for QueuePolicy {
             "{}: {} attempts, base {:?}, cap {:?} ({})",
             self.queue, p.max_attempts, p.base, p.cap, self.rationale
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_take_the_top_53_bits_and_a_failed_source_gives_the_midpoint() {
+        assert_eq!(unit_from(None), 0.5);
+        assert_eq!(unit_from(Some(0)), 0.0);
+        assert_eq!(unit_from(Some(1 << 63)), 0.5);
+        assert_eq!(unit_from(Some(1 << 62)), 0.25);
+        // The low 11 bits are dropped; all ones is the largest draw below 1.
+        assert_eq!(unit_from(Some((1 << 11) - 1)), 0.0);
+        assert_eq!(unit_from(Some(u64::MAX)), 1.0 - f64::EPSILON / 2.0);
     }
 }

@@ -1221,7 +1221,7 @@ pub fn rate_limiter(config: &Config) -> Result<Arc<dyn RateLimiter>, ComposeErro
 /// Builds the alerter [`ALERTER`] names.
 pub fn alerter(config: &Config) -> Result<Arc<dyn Alerter>, ComposeError> {
     match config.require(&ALERTER)? {
-        "console" => Ok(Arc::new(ConsoleAlerter)),
+        "console" => Ok(Arc::new(ConsoleAlerter::default())),
         #[cfg(feature = "betterstack")]
         "betterstack" => {
             let settings = BetterStackConfig::new(

@@ -149,7 +149,9 @@ async fn a_handler_whose_lease_is_lost_is_stopped_and_settles_nothing() {
         .expect("the new holder still settles it");
 }
 
-/// Waits for its cancellation, then asks to be retried; counts the cancellations it saw.
+/// Waits for its cancellation, then asks to be retried; counts the cancellations its task saw
+/// by polling [`Cancellation::is_cancelled`](jobs_consumers::Cancellation::is_cancelled),
+/// after seeing it clear when the job began.
 struct Heeds(Arc<std::sync::atomic::AtomicUsize>);
 
 #[async_trait]
@@ -164,8 +166,13 @@ impl Handler<MemoryWorkTx> for Heeds {
         // A task of its own, as handlers start for work elsewhere: it sees the signal even
         // when the handler itself is dropped.
         let (seen, cancellation) = (self.0.clone(), job.cancellation.clone());
+        if cancellation.is_cancelled() {
+            return Err(JobError::permanent("cancelled before it began"));
+        }
         tokio::spawn(async move {
-            cancellation.cancelled().await;
+            while !cancellation.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         });
         job.cancellation.cancelled().await;
@@ -216,7 +223,7 @@ async fn a_shutdown_tells_handlers_to_stop_before_it_abandons_them() {
         (0, 1),
         "the stopped job was retried, not left leased: {depth:?}"
     );
-    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
@@ -233,7 +240,7 @@ async fn a_timed_out_handler_s_tasks_are_told_to_stop() {
         h.drain(&worker).await[..],
         [Outcome::Retrying { .. }]
     ));
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
@@ -333,6 +340,53 @@ async fn settings_that_cannot_work_are_refused_by_name() {
         "{zero:?}"
     );
     assert!(build(WorkerConfig::default(), Some(Duration::from_secs(5))).is_ok());
+}
+
+#[test]
+fn the_lease_may_be_one_second_to_a_day_and_a_pool_is_sized_from_the_concurrency() {
+    let h = Harness::new();
+    for (lease, accepted) in [
+        (Duration::from_millis(999), false),
+        (Duration::from_secs(1), true),
+        (Duration::from_secs(86_400), true),
+        (Duration::from_secs(86_401), false),
+    ] {
+        let mut config = WorkerConfig::default();
+        config.lease = lease;
+        let built = h
+            .builder()
+            .handler(KIND.parse().expect("valid"), Hangs)
+            .config(config)
+            .build();
+        assert_eq!(built.is_ok(), accepted, "a lease of {lease:?}");
+    }
+    let mut config = WorkerConfig::default();
+    config.concurrency = 7;
+    // One connection per job, one for fetching, one for settlements, one for wake-ups.
+    assert_eq!(config.connections(), 10);
+    let builder = h.builder().config(config);
+    assert_eq!(builder.settings().concurrency, 7, "what was set so far");
+    let worker = builder
+        .handler(KIND.parse().expect("valid"), Hangs)
+        .build()
+        .expect("valid");
+    assert!(worker.pulls(), "built with a transport to pull from");
+    let shown = format!("{worker:?}");
+    assert!(
+        shown.contains("Worker") && shown.contains("test.jobs") && shown.contains("test.consumer"),
+        "{shown}"
+    );
+    let pushed = jobs_consumers::Worker::push_builder(
+        jobs_core::ConsumerName::try_from("test.pushed").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.queue.clone()),
+        Arc::new(h.store.clone()),
+        Arc::new(h.store),
+    )
+    .handler(KIND.parse().expect("valid"), Hangs)
+    .build()
+    .expect("valid");
+    assert!(!pushed.pulls(), "deliveries are pushed to it");
 }
 
 #[tokio::test]

@@ -1,5 +1,8 @@
 //! Integration tests of the worker runtime, on the memory queue and store with a manual clock.
 
+mod alerts;
+mod cleanup;
+mod dead_letters;
 mod harness;
 mod liveness;
 mod model;

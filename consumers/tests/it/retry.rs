@@ -35,6 +35,19 @@ fn nonsense_policies_are_refused() {
 }
 
 #[test]
+fn a_cap_may_reach_thirty_days_and_no_further() {
+    let day = Duration::from_secs(86_400);
+    assert_eq!(jobs_consumers::MAX_BACKOFF, day * 30);
+    let month = RetryPolicy::new(40, Duration::from_secs(1), day * 30).expect("thirty days");
+    assert_eq!(month.ceiling(40), day * 30);
+    let beyond = day * 30 + Duration::from_secs(1);
+    assert_eq!(
+        RetryPolicy::new(3, Duration::from_secs(1), beyond),
+        Err(PolicyError::CapTooLong { cap: beyond })
+    );
+}
+
+#[test]
 fn an_override_needs_a_rationale() {
     let queue = "billing.invoices".parse().expect("valid");
     let policy = RetryPolicy::new(3, Duration::from_secs(1), Duration::from_secs(10)).expect("ok");
@@ -45,6 +58,9 @@ fn an_override_needs_a_rationale() {
     let queue = "billing.invoices".parse().expect("valid");
     let ok = QueuePolicy::new(queue, policy, "the PSP retries on its side").expect("accepted");
     assert!(ok.to_string().contains("the PSP retries on its side"));
+    assert_eq!(ok.rationale(), "the PSP retries on its side");
+    assert_eq!(ok.queue().as_str(), "billing.invoices");
+    assert_eq!(ok.policy(), policy);
 }
 
 fn policy() -> impl Strategy<Value = RetryPolicy> {

@@ -246,3 +246,91 @@ async fn a_job_gets_ready_before_its_work_transaction_opens() {
         [0, 0, 0]
     );
 }
+
+/// A limiter that answers every request the same way: denied until `retry_in` from now on
+/// `clock`, or unavailable when `retry_in` is `None`.
+struct Answers {
+    clock: jobs_core::ManualClock,
+    retry_in: Option<Duration>,
+}
+
+#[async_trait]
+impl jobs_core::RateLimiter for Answers {
+    async fn acquire(
+        &self,
+        _: &[(BucketKey, Bucket)],
+        _: u32,
+    ) -> Result<jobs_core::Acquired, jobs_core::RateLimitError> {
+        match self.retry_in {
+            Some(wait) => Ok(jobs_core::Acquired::Denied {
+                retry_at: jobs_core::Clock::now(&self.clock) + wait,
+            }),
+            None => Err(jobs_core::RateLimitError::Unavailable {
+                message: "connection refused".into(),
+                source: None,
+            }),
+        }
+    }
+
+    async fn drain_until(
+        &self,
+        _: &BucketKey,
+        _: Bucket,
+        _: std::time::SystemTime,
+    ) -> Result<(), jobs_core::RateLimitError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_longer_than_the_most_a_job_waits_is_a_deferral_at_once() {
+    let h = Harness::new();
+    let limiter = Answers {
+        clock: h.clock.clone(),
+        retry_in: Some(Duration::from_secs(3600)),
+    };
+    let bucket = Bucket::new(1, 1, Duration::from_secs(1)).expect("valid");
+    let handler =
+        on_resend(Arc::new(limiter), bucket, &Arc::default()).clock(Arc::new(h.clock.clone()));
+    let worker = sender(&h, handler);
+    h.publish(1).await;
+    let now = jobs_core::Clock::now(&h.clock);
+    // Virtual time: a worker that slept out the hour would still be asleep at the timeout.
+    let outcomes = tokio::time::timeout(Duration::from_secs(10), worker.run_once())
+        .await
+        .expect("deferred without waiting out the hour")
+        .expect("receive");
+    match outcomes[..] {
+        [Outcome::Deferred { until }] => assert!(
+            until >= now + Duration::from_secs(3600),
+            "deferred to when the tokens are back: {until:?}"
+        ),
+        _ => panic!("{outcomes:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_unavailable_limiter_defers_the_job_a_few_seconds_without_spending_an_attempt() {
+    let h = Harness::new();
+    let limiter = Answers {
+        clock: h.clock.clone(),
+        retry_in: None,
+    };
+    let attempts = Arc::new(Mutex::new(vec![]));
+    let bucket = Bucket::new(1, 1, Duration::from_secs(1)).expect("valid");
+    let handler = on_resend(Arc::new(limiter), bucket, &attempts).clock(Arc::new(h.clock.clone()));
+    let worker = sender(&h, handler);
+    h.publish(1).await;
+    let now = jobs_core::Clock::now(&h.clock);
+    let outcomes = worker.run_once().await.expect("receive");
+    assert_eq!(
+        outcomes,
+        [Outcome::Deferred {
+            until: now + Duration::from_secs(5)
+        }]
+    );
+    assert!(
+        attempts.lock().expect("not poisoned").is_empty(),
+        "the handler did not run"
+    );
+}
