@@ -312,10 +312,19 @@ fn run_group(
         }
     }
     if let Some(package) = group.test_package {
-        command.args(["--test-package", package]);
+        // cargo-mutants' own baseline runs the mutated package's tests, not these.
+        baseline(root, package, group)?;
+        command
+            .args(["--test-package", package])
+            .args(["--baseline", "skip", "--timeout", "300"]);
     }
     if !group.features.is_empty() {
-        command.args(["--features", &group.features.join(",")]);
+        // For the build and the tests alike, and named by package: the tests' package may
+        // not be the mutated one.
+        command.arg(format!(
+            "--cargo-arg=--features={}",
+            group.features.join(",")
+        ));
     }
     if let Some(diff) = diff {
         command.arg("--in-diff").arg(diff);
@@ -346,6 +355,26 @@ fn run_group(
         );
     }
     Ok(parsed.mutants)
+}
+
+/// The group's tests on the unmutated tree: they must pass before any mutant says anything.
+fn baseline(root: &Path, package: &str, group: &Group) -> Result<()> {
+    let mut command = Command::new(conformance::cargo());
+    command
+        .current_dir(root)
+        .args(["test", "--package", package]);
+    if !group.features.is_empty() {
+        command.arg(format!("--features={}", group.features.join(",")));
+    }
+    command.args(group.test_args);
+    let status = command.status().context("running cargo test")?;
+    if !status.success() {
+        bail!(
+            "the tests of {} fail without any mutant ({status}): fix them first",
+            group.name
+        );
+    }
+    Ok(())
 }
 
 struct Outcomes {
