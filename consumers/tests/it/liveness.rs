@@ -531,6 +531,76 @@ async fn the_lease_is_kept_while_the_job_waits_for_a_connection() {
     );
 }
 
+/// The memory store, failing to begin while `down` is set, as a database that went away.
+struct Outage {
+    store: MemoryStore,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait]
+impl jobs_core::WorkStore for Outage {
+    type Tx = MemoryWorkTx;
+
+    async fn begin(&self) -> Result<MemoryWorkTx, jobs_core::StoreError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(jobs_core::StoreError::unavailable("connection refused"));
+        }
+        self.store.begin().await
+    }
+}
+
+#[tokio::test]
+async fn store_outages_back_off_longer_each_time_and_start_over_once_it_works() {
+    let h = Harness::new();
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let worker = Worker::builder(
+        jobs_core::ConsumerName::try_from("test.consumer").expect("valid"),
+        h.name.clone(),
+        Arc::new(h.queue.clone()),
+        Arc::new(Outage {
+            store: h.store.clone(),
+            down: down.clone(),
+        }),
+        Arc::new(h.store.clone()),
+    )
+    .handler(
+        KIND.parse().expect("valid"),
+        crate::harness::Scripted {
+            script: |_| Ok(()),
+            calls: h.calls.clone(),
+        },
+    )
+    .clock(Arc::new(h.clock.clone()))
+    .build()
+    .expect("valid");
+    let deferred_for = |outcomes: Vec<Outcome>| match outcomes[..] {
+        [Outcome::Deferred { until }] => until
+            .duration_since(jobs_core::Clock::now(&h.clock))
+            .expect("ahead"),
+        _ => panic!("{outcomes:?}"),
+    };
+    h.publish(1).await;
+    let first = deferred_for(worker.run_once().await.expect("receive"));
+    h.clock.advance(first);
+    let second = deferred_for(worker.run_once().await.expect("receive"));
+    // The retry policy's ceilings, without jitter: 30 s, then 60 s.
+    assert_eq!(
+        (first, second),
+        (Duration::from_secs(30), Duration::from_secs(60))
+    );
+    h.clock.advance(second);
+    down.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        worker.run_once().await.expect("receive"),
+        [Outcome::Processed]
+    );
+    // A commit went through: the next outage waits the least again.
+    down.store(true, std::sync::atomic::Ordering::SeqCst);
+    h.publish(2).await;
+    let after = deferred_for(worker.run_once().await.expect("receive"));
+    assert_eq!(after, Duration::from_secs(30));
+}
+
 /// The harness's queue as a transport that can hold a delivery only as long as `limits` say.
 struct Limited {
     inner: jobs_adapter_memory::MemoryQueue,
