@@ -70,11 +70,39 @@ async fn a_tenant_replays_and_discards_its_own_letters_only() {
         nothing.is_empty(),
         "another tenant's replay published nothing"
     );
+    // Nor does an answer tell another tenant what a letter is: a discarded one is not found
+    // (not a conflict), and neither is a poison message of bytes.
+    actions.discard(ids[1], None).await.expect("store");
+    assert!(matches!(
+        actions.replay(ids[1], other).await,
+        Err(ReplayError::NotFound(_))
+    ));
+    let poison = store
+        .record(NewDeadLetter {
+            job_id: None,
+            queue: queue(),
+            consumer: None,
+            tenant_id: None,
+            kind: None,
+            correlation_id: None,
+            payload: b"\xff not json".to_vec(),
+            attempts: 1,
+            last_error: "not an envelope".to_owned(),
+            dedup_key: None,
+            at: SystemTime::now(),
+        })
+        .await
+        .expect("recorded")
+        .id();
+    assert!(matches!(
+        actions.replay(poison, other).await,
+        Err(ReplayError::NotFound(_))
+    ));
     let own = Some(fixtures::tenant(1));
     actions.replay(ids[0], own).await.expect("its own letter");
     assert_eq!(
-        actions.discard(ids[1], own).await.expect("store"),
-        Transition::Done
+        actions.discard(ids[0], own).await.expect("store"),
+        Transition::Conflict(DeadLetterStatus::Replayed)
     );
 }
 
