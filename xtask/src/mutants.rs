@@ -178,9 +178,10 @@ pub(crate) fn run(root: &Path, scope: &Scope) -> Result<Vec<String>> {
             dirty.join(", ")
         )]);
     }
+    let chosen = chosen_groups()?;
     let mut fates: BTreeMap<String, (String, Fate)> = BTreeMap::new();
     let mut missed_by_group: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for group in GROUPS {
+    for group in GROUPS.iter().filter(|g| chosen.contains(&g.name)) {
         let only_names = match group.missed_by {
             None => None,
             Some(earlier) => {
@@ -215,6 +216,26 @@ pub(crate) fn run(root: &Path, scope: &Scope) -> Result<Vec<String>> {
     let report = Report::new(&fates, &equivalent);
     print!("{}", report.table());
     Ok(report.problems(*scope == Scope::All))
+}
+
+/// The groups `JOBS_MUTANTS_GROUPS` names (comma-separated), every one when unset. A group
+/// that tests what another missed runs only beside it.
+fn chosen_groups() -> Result<Vec<&'static str>> {
+    let Ok(list) = std::env::var("JOBS_MUTANTS_GROUPS") else {
+        return Ok(GROUPS.iter().map(|g| g.name).collect());
+    };
+    let mut chosen = vec![];
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let Some(group) = GROUPS.iter().find(|g| g.name == name) else {
+            let known: Vec<&str> = GROUPS.iter().map(|g| g.name).collect();
+            bail!(
+                "JOBS_MUTANTS_GROUPS: no group `{name}` (groups: {})",
+                known.join(", ")
+            );
+        };
+        chosen.push(group.name);
+    }
+    Ok(chosen)
 }
 
 /// Installs the pinned cargo-mutants when another version or none is installed.
