@@ -1232,12 +1232,14 @@ where
     }
 
     /// A finished task of the loop: one that panicked outside the handler's guard (in the
-    /// runtime itself) is logged with its queue, not dropped; its jobs come back after their
-    /// leases.
+    /// runtime itself, or a transport's call) is logged with its queue and counted in
+    /// `jobs_task_panics_total`, not dropped; its jobs come back after their leases.
     fn reaped(&self, joined: Result<(), tokio::task::JoinError>) {
         if let Err(e) = joined
             && e.is_panic()
         {
+            metrics::counter!("jobs_task_panics_total", "queue" => self.queue.to_string())
+                .increment(1);
             tracing::error!(queue = %self.queue, error = %e, "a worker task panicked; its jobs come back after their leases");
         }
     }

@@ -70,7 +70,11 @@ const GROUPS: &[Group] = &[
     Group {
         name: "consumers-on-postgres",
         package: "jobs-consumers",
-        files: &["consumers/src/group.rs", "consumers/src/worker.rs"],
+        files: &[
+            "consumers/src/group.rs",
+            "consumers/src/worker.rs",
+            "consumers/src/handler.rs",
+        ],
         only: None,
         test_package: Some("jobs-adapter-postgres"),
         features: &["jobs-adapter-postgres/queue"],

@@ -778,3 +778,111 @@ async fn a_receive_under_way_at_shutdown_finishes_and_what_it_leased_is_given_ba
     assert_eq!(again.len(), 1, "the job is ready again");
     assert_eq!(again[0].attempt, 1);
 }
+
+/// The harness's queue, whose acks panic: a transport bug inside the runtime's task.
+struct PanicsOnAck(jobs_adapter_memory::MemoryQueue);
+
+#[async_trait]
+impl jobs_core::PullPort for PanicsOnAck {
+    async fn receive(
+        &self,
+        queue: &jobs_core::QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<jobs_core::Delivery>, jobs_core::QueueError> {
+        self.0.receive(queue, max, lease).await
+    }
+}
+
+#[async_trait]
+impl jobs_core::SettlePort for PanicsOnAck {
+    async fn ack(&self, _: &jobs_core::Lease) -> Result<(), jobs_core::QueueError> {
+        panic!("the transport's ack is broken");
+    }
+    async fn retry_at(
+        &self,
+        lease: &jobs_core::Lease,
+        at: std::time::SystemTime,
+    ) -> Result<(), jobs_core::QueueError> {
+        self.0.retry_at(lease, at).await
+    }
+    async fn defer(
+        &self,
+        lease: &jobs_core::Lease,
+        until: std::time::SystemTime,
+    ) -> Result<(), jobs_core::QueueError> {
+        self.0.defer(lease, until).await
+    }
+    async fn extend(
+        &self,
+        lease: &jobs_core::Lease,
+        by: Duration,
+    ) -> Result<jobs_core::Lease, jobs_core::QueueError> {
+        self.0.extend(lease, by).await
+    }
+}
+
+#[test]
+fn a_task_that_panics_outside_the_handler_is_counted_and_its_job_comes_back() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // A recorder of this thread, and a runtime on it, so the worker's tasks count here.
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async {
+                let h = Harness::new();
+                let worker = Arc::new(
+                    Worker::builder(
+                        jobs_core::ConsumerName::try_from("test.consumer").expect("valid"),
+                        h.name.clone(),
+                        Arc::new(PanicsOnAck(h.queue.clone())),
+                        Arc::new(h.store.clone()),
+                        Arc::new(h.store.clone()),
+                    )
+                    .handler(
+                        KIND.parse().expect("valid"),
+                        crate::harness::Scripted {
+                            script: |_| Ok(()),
+                            calls: h.calls.clone(),
+                        },
+                    )
+                    .clock(Arc::new(h.clock.clone()))
+                    .build()
+                    .expect("valid"),
+                );
+                h.publish(1).await;
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                let running = tokio::spawn(worker.clone().run(async {
+                    let _ = stopped.await;
+                }));
+                while h.store.effects().is_empty() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                stop.send(()).expect("running");
+                running.await.expect("the loop itself survives");
+                let depth = jobs_core::QueueDepth::depth(&h.queue, &h.name)
+                    .await
+                    .expect("depth");
+                assert_eq!(depth.in_flight, 1, "unacked: back after its lease");
+            });
+    });
+    let panics: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "jobs_task_panics_total")
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) => Some((
+                key.key().labels().map(|l| l.value().to_owned()).collect(),
+                n,
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(panics, [("test.jobs".to_owned(), 1)]);
+}
