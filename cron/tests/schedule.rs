@@ -163,11 +163,21 @@ fn errors_name_the_field_and_say_what_is_wrong() {
         assert_eq!(found, field, "`{expr}`");
         let e = expr.parse::<Schedule>().expect_err("invalid");
         let text = e.to_string();
+        let name = match field {
+            CronField::Minute => "minute",
+            CronField::Hour => "hour",
+            CronField::DayOfMonth => "day-of-month",
+            CronField::Month => "month",
+            CronField::DayOfWeek => "day-of-week",
+        };
+        assert_eq!(field.as_str(), name);
         assert!(
-            text.starts_with(field.as_str()) && text.contains(message),
+            text.starts_with(&format!("{name} field `")) && text.contains(message),
             "`{expr}`: {text} ({problem:?})"
         );
     }
+    let every: Schedule = "@every 90m".parse().expect("valid");
+    assert_eq!(format!("{every:?}"), "Schedule(@every 90m)");
 }
 
 #[test]

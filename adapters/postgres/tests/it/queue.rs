@@ -845,3 +845,50 @@ async fn the_tenant_limit_holds_under_concurrent_fetches() {
     })
     .await;
 }
+
+/// A handler with nothing to do, for workers a test only builds.
+struct Noop;
+
+#[async_trait::async_trait]
+impl jobs_consumers::Handler<PgWorkTx> for Noop {
+    type Data = ();
+
+    async fn handle(
+        &self,
+        _: jobs_consumers::Job<()>,
+        _: &mut PgWorkTx,
+    ) -> Result<(), jobs_consumers::JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_grouped_worker_needs_the_queue_on_the_stores_own_pool() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        let other = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with((*store.pool().connect_options()).clone())
+            .await
+            .expect("connect");
+        let build = |queue: PgQueue| {
+            jobs_consumers::Worker::builder(
+                ConsumerName::try_from("test.grouped").expect("valid"),
+                name("grouped.jobs"),
+                Arc::new(queue.clone()),
+                Arc::new(store.clone()),
+                Arc::new(store.clone()),
+            )
+            .handler("test.job".parse().expect("valid"), Noop)
+            .grouped(Arc::new(queue))
+            .build()
+        };
+        let refused = build(PgQueue::new(other)).expect_err("a pool of its own");
+        assert!(refused.to_string().contains("different pools"), "{refused}");
+        assert!(
+            build(PgQueue::new(store.pool().clone())).is_ok(),
+            "the store's pool"
+        );
+    })
+    .await;
+}
