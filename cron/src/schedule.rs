@@ -397,9 +397,9 @@ impl Cron {
             }
             sets
         };
-        // 7 is another name for Sunday.
+        // 7 is another name for Sunday (bit 7 itself is never read: weekdays are 0-6).
         if has(days_of_week, 7) {
-            days_of_week = (days_of_week | 1) & !(1 << 7);
+            days_of_week |= 1;
         }
         let cron = Cron {
             minutes,
