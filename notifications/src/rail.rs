@@ -66,3 +66,37 @@ pub fn transactional(channel: &str) -> Result<QueueName, NameError> {
 pub fn marketing(channel: &str) -> Result<QueueName, NameError> {
     Rail::Marketing.queue(channel)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rails_name_their_queues_and_are_read_back_from_them() {
+        for (rail, name) in [
+            (Rail::Transactional, "notif.sms.transactional"),
+            (Rail::Marketing, "notif.sms.marketing"),
+        ] {
+            let queue = rail.queue("sms").expect("valid");
+            assert_eq!(queue.as_str(), name);
+            assert_eq!(Rail::of(&queue), Some(("sms", rail)));
+        }
+        for other in [
+            "notif.sms.urgent",
+            "billing.sms.transactional",
+            "notif.sms.transactional.x",
+            "notif.sms",
+        ] {
+            let queue: QueueName = other.parse().expect("a queue name");
+            assert_eq!(Rail::of(&queue), None, "{other}");
+        }
+        assert_eq!(
+            Rail::Marketing.queue("a.b"),
+            Err(NameError::BadChar {
+                found: '.',
+                position: 2
+            }),
+            "the dot's 1-based position in the channel"
+        );
+    }
+}

@@ -166,6 +166,17 @@ async fn unavailable_is_retryable_and_a_rejection_is_permanent_with_the_message(
 #[tokio::test]
 async fn an_oversized_or_empty_chunk_is_refused_before_any_request() {
     let s = setup(Scripted::default());
+    assert_eq!(s.sender.max_batch(), 100, "the provider's batch size");
+    let full = chunk(100);
+    assert_eq!(
+        s.sender
+            .send(&full)
+            .await
+            .expect("a full batch is sent")
+            .len(),
+        100
+    );
+    s.provider.keys.lock().unwrap().clear();
     let mut big = chunk(100);
     big.emails.push(email(100));
     assert!(matches!(

@@ -5,7 +5,11 @@ use proptest::prelude::*;
 
 #[test]
 fn thresholds_without_hysteresis_are_refused() {
-    assert!(PriorityGate::new(10, 10).is_err());
+    let refused = PriorityGate::new(10, 10).expect_err("no hysteresis");
+    assert_eq!(
+        refused.to_string(),
+        "resume_at (10) must be below pause_above (10) for hysteresis"
+    );
     assert!(PriorityGate::new(10, 11).is_err());
     assert!(PriorityGate::new(10, 9).is_ok());
 }

@@ -83,6 +83,10 @@ async fn marketing_waits_while_transactional_is_deep_and_nothing_is_lost() {
     for n in 0..300 {
         published.insert(publish(&transactional, 10_000 + n).await);
     }
+    assert!(
+        send(&layered, &queue, &marketing, 50).await.is_empty() && layered.paused(),
+        "the burst pauses marketing"
+    );
 
     let mut marketing_while_deep = 0;
     loop {
@@ -139,4 +143,21 @@ async fn the_gate_forwards_fairness_to_the_transport() {
         .map(|d| Envelope::decode(&d.payload).expect("valid").tenant_id)
         .collect();
     assert_eq!(first_two.len(), 2, "the second tenant is served in turn");
+}
+
+/// The gate waits on the marketing queue's own hint: nothing to fetch, nothing wakes it.
+#[tokio::test(start_paused = true)]
+async fn the_gate_waits_for_marketing_work_like_its_queue() {
+    let (queue, _, marketing, layered) = gated();
+    let idle = tokio::time::timeout(Duration::from_secs(3600), layered.wait_for_work(&marketing));
+    assert!(idle.await.is_err(), "nothing published: the wait lasts");
+    let envelope = fixtures::envelope_with(1, "notif.email", serde_json::json!({ "n": 1 }));
+    let waiting = layered.wait_for_work(&marketing);
+    queue
+        .publish(&marketing, &envelope, PublishOptions::default())
+        .await
+        .expect("publish");
+    tokio::time::timeout(Duration::from_secs(3600), waiting)
+        .await
+        .expect("a publish wakes it");
 }

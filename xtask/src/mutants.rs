@@ -320,6 +320,8 @@ fn run_group(
     let mut command = Command::new(conformance::cargo());
     command
         .current_dir(root)
+        // A property a mutant breaks must not leave a regression file in the sources.
+        .env("PROPTEST_DISABLE_FAILURE_PERSISTENCE", "1")
         .args(["mutants", "--in-place", "--no-shuffle", "--colors", "never"])
         .args(["--package", group.package])
         .args(["--minimum-test-timeout", "60"])
