@@ -892,3 +892,99 @@ async fn a_grouped_worker_needs_the_queue_on_the_stores_own_pool() {
     })
     .await;
 }
+
+/// Job 1 writes and succeeds, job 2 fails for good without writing, job 3 writes and fails
+/// for a retry.
+struct Mixed;
+
+#[async_trait::async_trait]
+impl jobs_consumers::Handler<PgWorkTx> for Mixed {
+    type Data = serde_json::Value;
+
+    async fn handle(
+        &self,
+        job: jobs_consumers::Job<serde_json::Value>,
+        tx: &mut PgWorkTx,
+    ) -> Result<(), jobs_consumers::JobError> {
+        let n = job.envelope.data["n"].as_u64().unwrap_or_default();
+        if n != 2 {
+            sqlx::query("insert into group_effects (n) values ($1)")
+                .bind(n as i64)
+                .execute(tx.conn())
+                .await
+                .map_err(jobs_consumers::JobError::retry)?;
+        }
+        match n {
+            1 => Ok(()),
+            2 => Err(jobs_consumers::JobError::permanent(
+                "invoice 2 does not exist",
+            )),
+            _ => Err(jobs_consumers::JobError::retry("the provider timed out")),
+        }
+    }
+}
+
+/// One group of three in order: undoing job 3's writes goes back to a checkpoint taken after
+/// job 2's dead letter, so the letter stays, job 1's write commits and job 3's does not.
+#[tokio::test]
+async fn undoing_a_failed_job_in_a_group_keeps_what_its_neighbours_settled() {
+    use jobs_consumers::{Outcome, Worker};
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        sqlx::query("create table group_effects (n bigint not null)")
+            .execute(store.pool())
+            .await
+            .expect("create the effects table");
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.jobs");
+        let mut published = vec![];
+        for n in 1..=3 {
+            let envelope = fixtures::envelope(1, n);
+            queue
+                .publish(&jobs, &envelope, PublishOptions::default())
+                .await
+                .expect("publish");
+            published.push(envelope.job_id);
+        }
+        let worker = Worker::builder(
+            ConsumerName::try_from("test.grouped").expect("valid"),
+            jobs.clone(),
+            queue.clone(),
+            Arc::new(store.clone()),
+            Arc::new(store.clone()),
+        )
+        .handler("test.job".parse().expect("valid"), Mixed)
+        .grouped(queue.clone())
+        .group_size(3)
+        .build()
+        .expect("valid");
+        let outcomes = worker.run_once().await.expect("receive");
+        assert!(
+            matches!(
+                outcomes[..],
+                [
+                    Outcome::Processed,
+                    Outcome::DeadLettered { .. },
+                    Outcome::Retrying { .. }
+                ]
+            ),
+            "{outcomes:?}"
+        );
+        let effects: Vec<i64> = sqlx::query_scalar("select n from group_effects order by n")
+            .fetch_all(store.pool())
+            .await
+            .expect("read the effects");
+        assert_eq!(effects, [1], "job 1's write committed, job 3's undone");
+        let letters =
+            jobs_core::DeadLetterStore::list(&store, &jobs_core::DeadLetterFilter::default())
+                .await
+                .expect("list");
+        let lettered: Vec<_> = letters.iter().map(|l| l.letter.job_id).collect();
+        assert_eq!(
+            lettered,
+            [Some(published[1])],
+            "job 2's letter survived job 3's undo"
+        );
+    })
+    .await;
+}
