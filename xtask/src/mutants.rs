@@ -135,6 +135,10 @@ pub(crate) const DEFAULT_BASE: &str = "HEAD~1";
 /// base). A tree with uncommitted changes to the mutated files is left alone, saying so: CI's
 /// clean checkout runs it.
 pub(crate) fn ci(root: &Path) -> Result<Vec<String>> {
+    let left = leftovers(root)?;
+    if !left.is_empty() {
+        return Ok(left);
+    }
     let dirty = uncommitted(root)?;
     if !dirty.is_empty() {
         println!(
@@ -166,6 +170,10 @@ enum Fate {
 
 /// `cargo xtask mutants [--in-diff BASE]`: one message per problem.
 pub(crate) fn run(root: &Path, scope: &Scope) -> Result<Vec<String>> {
+    let left = leftovers(root)?;
+    if !left.is_empty() {
+        return Ok(left);
+    }
     let equivalent = read_equivalent(&root.join(EQUIVALENT))?;
     install()?;
     let out = target_dir(root).join("mutants");
@@ -287,6 +295,31 @@ fn write_diff(root: &Path, base: &str, out: &Path) -> Result<PathBuf> {
         diff.stdout.iter().filter(|b| **b == b'\n').count()
     );
     Ok(path)
+}
+
+/// What cargo-mutants marks a mutated line with; none may be left in the sources.
+const MARK: &str = concat!("changed by ", "cargo-mutants");
+
+/// Sources that still hold a mutant (a run killed mid-way, or one committed by mistake).
+fn leftovers(root: &Path) -> Result<Vec<String>> {
+    let found = Command::new("git")
+        .args([
+            "grep",
+            "--files-with-matches",
+            "--fixed-strings",
+            MARK,
+            "--",
+            "*.rs",
+        ])
+        .current_dir(root)
+        .output()
+        .context("running git grep")?;
+    Ok(String::from_utf8_lossy(&found.stdout)
+        .lines()
+        .map(|file| {
+            format!("{file} holds a mutant cargo-mutants left (`{MARK}`): `git checkout` it")
+        })
+        .collect())
 }
 
 /// Files of the groups with uncommitted changes.
