@@ -282,6 +282,33 @@ async fn the_skip_policy_drops_missed_slots_and_fires_timely_ones() {
     assert_eq!(delivered.len(), 5);
 }
 
+#[tokio::test]
+async fn a_slot_exactly_the_grace_late_still_fires() {
+    let world = World::new(jan1() + 2 * MINUTE, five_tenants());
+    let tasks = vec![task(USAGE_SNAPSHOT_KIND, "@every 30m")];
+    let scheduler = world.scheduler(tasks.clone(), CatchUp::Skip { grace: 2 * MINUTE });
+    let on_the_edge = scheduler.tick().await;
+    assert_eq!(
+        on_the_edge.fired.len(),
+        1,
+        "two minutes late, within a grace of two"
+    );
+    assert!(on_the_edge.skipped.is_empty());
+    world
+        .clock
+        .set(jan1() + 30 * MINUTE + 2 * MINUTE + Duration::from_secs(1));
+    let past = scheduler.tick().await;
+    assert!(past.fired.is_empty(), "a second past the grace");
+    assert_eq!(past.skipped.len(), 1);
+    // What a scheduler runs, and says it runs.
+    assert_eq!(scheduler.tasks(), &tasks[..]);
+    let shown = format!("{scheduler:?}");
+    assert!(
+        shown.contains("Scheduler") && shown.contains(USAGE_SNAPSHOT_KIND),
+        "{shown}"
+    );
+}
+
 /// The entitlement table, written out hour by hour rather than computed.
 fn due_hours(tier: &str) -> &'static [u32] {
     match tier {
