@@ -557,3 +557,23 @@ impl RateLimiter for RedisRateLimiter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limiter_shows_where_it_points_and_its_prefix_never_the_password() {
+        let limiter = RedisRateLimiter::new("redis://:hunter2-secret@127.0.0.1:6390/0", "jobs")
+            .expect("a valid URL");
+        assert_eq!(limiter.prefix(), "jobs");
+        let shown = format!("{limiter:?}");
+        assert!(
+            shown.contains("RedisRateLimiter")
+                && shown.contains("127.0.0.1:6390")
+                && shown.contains("\"jobs\""),
+            "{shown}"
+        );
+        assert!(!shown.contains("hunter2"), "the password is not shown: {shown}");
+    }
+}
