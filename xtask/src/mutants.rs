@@ -389,6 +389,10 @@ fn run_group(
     if let Some(diff) = diff {
         command.arg("--in-diff").arg(diff);
     }
+    if std::env::var_os("JOBS_MUTANTS_ITERATE").is_some() {
+        // Only what the group's last run did not catch, and mutants new since.
+        command.arg("--iterate");
+    }
     command.arg("--").args(group.test_args);
     println!("\n==> mutants: {} ({})", group.name, group.files.join(" "));
     // Its exit status says whether mutants were missed; the outcomes say which.

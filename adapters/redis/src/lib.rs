@@ -574,6 +574,9 @@ mod tests {
                 && shown.contains("\"jobs\""),
             "{shown}"
         );
-        assert!(!shown.contains("hunter2"), "the password is not shown: {shown}");
+        assert!(
+            !shown.contains("hunter2"),
+            "the password is not shown: {shown}"
+        );
     }
 }
