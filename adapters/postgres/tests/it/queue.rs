@@ -988,3 +988,97 @@ async fn undoing_a_failed_job_in_a_group_keeps_what_its_neighbours_settled() {
     })
     .await;
 }
+
+/// Writes one row per run of a job, without a unique constraint: a job run twice shows.
+struct Counts;
+
+#[async_trait::async_trait]
+impl jobs_consumers::Handler<PgWorkTx> for Counts {
+    type Data = serde_json::Value;
+
+    async fn handle(
+        &self,
+        job: jobs_consumers::Job<serde_json::Value>,
+        tx: &mut PgWorkTx,
+    ) -> Result<(), jobs_consumers::JobError> {
+        let n = job.envelope.data["n"].as_u64().unwrap_or_default();
+        sqlx::query("insert into run_effects (n) values ($1)")
+            .bind(n as i64)
+            .execute(tx.conn())
+            .await
+            .map(drop)
+            .map_err(jobs_consumers::JobError::retry)
+    }
+}
+
+/// `Worker::run` grouped, as a worker process runs it: every job of a backlog processed
+/// once, in groups, and the queue empty after the stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grouped_loop_drains_a_backlog_once_and_leaves_the_queue_empty() {
+    use jobs_consumers::Worker;
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        sqlx::query("create table run_effects (n bigint not null)")
+            .execute(store.pool())
+            .await
+            .expect("create the effects table");
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.loop");
+        let envelopes: Vec<_> = (0..300).map(|n| fixtures::envelope(1, n)).collect();
+        for envelope in &envelopes {
+            queue
+                .publish(&jobs, envelope, PublishOptions::default())
+                .await
+                .expect("publish");
+        }
+        let worker = Arc::new(
+            Worker::builder(
+                ConsumerName::try_from("test.loop").expect("valid"),
+                jobs.clone(),
+                queue.clone(),
+                Arc::new(store.clone()),
+                Arc::new(store.clone()),
+            )
+            .handler("test.job".parse().expect("valid"), Counts)
+            .grouped(queue.clone())
+            .group_size(8)
+            .concurrency(3)
+            .build()
+            .expect("valid"),
+        );
+        let count = || async {
+            let rows: i64 = sqlx::query_scalar("select count(*) from run_effects")
+                .fetch_one(store.pool())
+                .await
+                .expect("count");
+            rows
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(worker.clone().run(async {
+            let _ = stopped.await;
+        }));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while count().await < 300 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "drained within a minute"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.send(()).expect("running");
+        running.await.expect("stops");
+        let runs: Vec<(i64, i64)> =
+            sqlx::query_as("select n, count(*) from run_effects group by n having count(*) > 1")
+                .fetch_all(store.pool())
+                .await
+                .expect("read the effects");
+        assert!(runs.is_empty(), "jobs run twice: {runs:?}");
+        let depth = queue.depth(&jobs).await.expect("depth");
+        assert_eq!(
+            depth.pending() + depth.in_flight,
+            0,
+            "nothing left: {depth:?}"
+        );
+    })
+    .await;
+}
