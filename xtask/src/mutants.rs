@@ -48,6 +48,9 @@ struct Group {
     /// Test only the mutants of these files that the named group missed: slower tests
     /// (a real database) asked about what the fast ones let through.
     missed_by: Option<&'static str>,
+    /// The least time a mutant's tests get before it counts as timed out (a hang is caught).
+    /// Fast suites hang at once; a real database's may be slow on a loaded machine.
+    min_timeout_secs: u32,
 }
 
 /// Own tests of a package, without its doctests (their builds dominate a mutant's time and
@@ -64,6 +67,7 @@ const GROUPS: &[Group] = &[
         features: &[],
         test_args: OWN_TESTS,
         missed_by: None,
+        min_timeout_secs: 20,
     },
     // The runtime's grouped mode, on PostgreSQL: what the in-memory tests missed in the
     // runtime, against the model and contract tests on a real queue and store.
@@ -80,6 +84,7 @@ const GROUPS: &[Group] = &[
         features: &["jobs-adapter-postgres/queue"],
         test_args: &["--test", "it", "--", "queue::"],
         missed_by: Some("consumers"),
+        min_timeout_secs: 120,
     },
     // The PostgreSQL side of the grouped path: leasing, holding, claiming and settling inside
     // the work transaction, and the lease tokens.
@@ -94,6 +99,7 @@ const GROUPS: &[Group] = &[
         features: &["jobs-adapter-postgres/queue"],
         test_args: &["--test", "it", "--", "queue::"],
         missed_by: None,
+        min_timeout_secs: 120,
     },
     Group {
         name: "notifications",
@@ -104,6 +110,7 @@ const GROUPS: &[Group] = &[
         features: &[],
         test_args: OWN_TESTS,
         missed_by: None,
+        min_timeout_secs: 20,
     },
     Group {
         name: "cron",
@@ -114,6 +121,7 @@ const GROUPS: &[Group] = &[
         features: &[],
         test_args: OWN_TESTS,
         missed_by: None,
+        min_timeout_secs: 20,
     },
     Group {
         name: "redis",
@@ -124,6 +132,7 @@ const GROUPS: &[Group] = &[
         features: &[],
         test_args: OWN_TESTS,
         missed_by: None,
+        min_timeout_secs: 120,
     },
 ];
 
@@ -357,7 +366,7 @@ fn run_group(
         .env("PROPTEST_DISABLE_FAILURE_PERSISTENCE", "1")
         .args(["mutants", "--in-place", "--no-shuffle", "--colors", "never"])
         .args(["--package", group.package])
-        .args(["--minimum-test-timeout", "60"])
+        .arg(format!("--minimum-test-timeout={}", group.min_timeout_secs))
         .arg("--output")
         .arg(dir);
     for file in group.files {
