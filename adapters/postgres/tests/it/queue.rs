@@ -850,14 +850,14 @@ async fn the_tenant_limit_holds_under_concurrent_fetches() {
 struct Noop;
 
 #[async_trait::async_trait]
-impl jobs_consumers::Handler<PgWorkTx> for Noop {
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Noop {
     type Data = ();
 
     async fn handle(
         &self,
-        _: jobs_consumers::Job<()>,
+        _: jobs_testkit::runtime::Job<()>,
         _: &mut PgWorkTx,
-    ) -> Result<(), jobs_consumers::JobError> {
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
         Ok(())
     }
 }
@@ -872,7 +872,7 @@ async fn a_grouped_worker_needs_the_queue_on_the_stores_own_pool() {
             .await
             .expect("connect");
         let build = |queue: PgQueue| {
-            jobs_consumers::Worker::builder(
+            jobs_testkit::runtime::Worker::builder(
                 ConsumerName::try_from("test.grouped").expect("valid"),
                 name("grouped.jobs"),
                 Arc::new(queue.clone()),
@@ -898,28 +898,30 @@ async fn a_grouped_worker_needs_the_queue_on_the_stores_own_pool() {
 struct Mixed;
 
 #[async_trait::async_trait]
-impl jobs_consumers::Handler<PgWorkTx> for Mixed {
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Mixed {
     type Data = serde_json::Value;
 
     async fn handle(
         &self,
-        job: jobs_consumers::Job<serde_json::Value>,
+        job: jobs_testkit::runtime::Job<serde_json::Value>,
         tx: &mut PgWorkTx,
-    ) -> Result<(), jobs_consumers::JobError> {
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
         let n = job.envelope.data["n"].as_u64().unwrap_or_default();
         if n != 2 {
             sqlx::query("insert into group_effects (n) values ($1)")
                 .bind(n as i64)
                 .execute(tx.conn())
                 .await
-                .map_err(jobs_consumers::JobError::retry)?;
+                .map_err(jobs_testkit::runtime::JobError::retry)?;
         }
         match n {
             1 => Ok(()),
-            2 => Err(jobs_consumers::JobError::permanent(
+            2 => Err(jobs_testkit::runtime::JobError::permanent(
                 "invoice 2 does not exist",
             )),
-            _ => Err(jobs_consumers::JobError::retry("the provider timed out")),
+            _ => Err(jobs_testkit::runtime::JobError::retry(
+                "the provider timed out",
+            )),
         }
     }
 }
@@ -928,7 +930,7 @@ impl jobs_consumers::Handler<PgWorkTx> for Mixed {
 /// job 2's dead letter, so the letter stays, job 1's write commits and job 3's does not.
 #[tokio::test]
 async fn undoing_a_failed_job_in_a_group_keeps_what_its_neighbours_settled() {
-    use jobs_consumers::{Outcome, Worker};
+    use jobs_testkit::runtime::{Outcome, Worker};
     with_databases(|dbs| async move {
         let store = dbs.store().await;
         sqlx::query("create table group_effects (n bigint not null)")
@@ -993,21 +995,21 @@ async fn undoing_a_failed_job_in_a_group_keeps_what_its_neighbours_settled() {
 struct Counts;
 
 #[async_trait::async_trait]
-impl jobs_consumers::Handler<PgWorkTx> for Counts {
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Counts {
     type Data = serde_json::Value;
 
     async fn handle(
         &self,
-        job: jobs_consumers::Job<serde_json::Value>,
+        job: jobs_testkit::runtime::Job<serde_json::Value>,
         tx: &mut PgWorkTx,
-    ) -> Result<(), jobs_consumers::JobError> {
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
         let n = job.envelope.data["n"].as_u64().unwrap_or_default();
         sqlx::query("insert into run_effects (n) values ($1)")
             .bind(n as i64)
             .execute(tx.conn())
             .await
             .map(drop)
-            .map_err(jobs_consumers::JobError::retry)
+            .map_err(jobs_testkit::runtime::JobError::retry)
     }
 }
 
@@ -1015,7 +1017,7 @@ impl jobs_consumers::Handler<PgWorkTx> for Counts {
 /// once, in groups, and the queue empty after the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grouped_loop_drains_a_backlog_once_and_leaves_the_queue_empty() {
-    use jobs_consumers::Worker;
+    use jobs_testkit::runtime::Worker;
     with_databases(|dbs| async move {
         let store = dbs.store().await;
         sqlx::query("create table run_effects (n bigint not null)")
