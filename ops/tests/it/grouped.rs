@@ -435,7 +435,9 @@ async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
     let queue = Arc::new(f.queue.clone());
     let mut cfg = config(10);
     cfg.concurrency = 1;
-    cfg.shutdown_grace = Duration::from_millis(200);
+    // Long enough that a fetch under way at the stop answers within it on a loaded machine
+    // (it is given back with the rest), short enough to abandon the blocked job quickly.
+    cfg.shutdown_grace = Duration::from_secs(2);
     let worker = Arc::new(f.grouped(queue, Gate(gate.clone()), cfg).expect("valid"));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(worker.run(async {
