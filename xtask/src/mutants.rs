@@ -401,6 +401,12 @@ fn run_group(
     if std::env::var_os("JOBS_MUTANTS_ITERATE").is_some() {
         // Only what the group's last run did not catch, and mutants new since.
         command.arg("--iterate");
+    } else {
+        // A run that finds no mutant writes no outcomes: an earlier run's must not be read.
+        let old = dir.join("mutants.out");
+        if old.exists() {
+            std::fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+        }
     }
     command.arg("--").args(group.test_args);
     println!("\n==> mutants: {} ({})", group.name, group.files.join(" "));
