@@ -196,3 +196,35 @@ impl Harness {
         self.alerter.alerts.lock().expect("not poisoned").clone()
     }
 }
+
+/// Runs `body` on a runtime of this thread with a metrics recorder of this thread only, so a
+/// test counts its own metrics (and its worker's tasks', which run here too) whatever runs
+/// beside it; then the counters named `name`, as (label values, count).
+pub(crate) fn counters(
+    name: &str,
+    body: impl std::future::Future<Output = ()>,
+) -> Vec<(Vec<String>, u64)> {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(body);
+    });
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) => Some((
+                key.key().labels().map(|l| l.value().to_owned()).collect(),
+                n,
+            )),
+            _ => None,
+        })
+        .collect()
+}

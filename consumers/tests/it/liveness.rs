@@ -824,65 +824,43 @@ impl jobs_core::SettlePort for PanicsOnAck {
 
 #[test]
 fn a_task_that_panics_outside_the_handler_is_counted_and_its_job_comes_back() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    // A recorder of this thread, and a runtime on it, so the worker's tasks count here.
-    metrics::with_local_recorder(&recorder, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+    // The worker's tasks run on this thread, so their panics count here.
+    let counted = crate::harness::counters("jobs_task_panics_total", async {
+        let h = Harness::new();
+        let worker = Arc::new(
+            Worker::builder(
+                jobs_core::ConsumerName::try_from("test.consumer").expect("valid"),
+                h.name.clone(),
+                Arc::new(PanicsOnAck(h.queue.clone())),
+                Arc::new(h.store.clone()),
+                Arc::new(h.store.clone()),
+            )
+            .handler(
+                KIND.parse().expect("valid"),
+                crate::harness::Scripted {
+                    script: |_| Ok(()),
+                    calls: h.calls.clone(),
+                },
+            )
+            .clock(Arc::new(h.clock.clone()))
             .build()
-            .expect("a runtime")
-            .block_on(async {
-                let h = Harness::new();
-                let worker = Arc::new(
-                    Worker::builder(
-                        jobs_core::ConsumerName::try_from("test.consumer").expect("valid"),
-                        h.name.clone(),
-                        Arc::new(PanicsOnAck(h.queue.clone())),
-                        Arc::new(h.store.clone()),
-                        Arc::new(h.store.clone()),
-                    )
-                    .handler(
-                        KIND.parse().expect("valid"),
-                        crate::harness::Scripted {
-                            script: |_| Ok(()),
-                            calls: h.calls.clone(),
-                        },
-                    )
-                    .clock(Arc::new(h.clock.clone()))
-                    .build()
-                    .expect("valid"),
-                );
-                h.publish(1).await;
-                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                let running = tokio::spawn(worker.clone().run(async {
-                    let _ = stopped.await;
-                }));
-                while h.store.effects().is_empty() {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                stop.send(()).expect("running");
-                running.await.expect("the loop itself survives");
-                let depth = jobs_core::QueueDepth::depth(&h.queue, &h.name)
-                    .await
-                    .expect("depth");
-                assert_eq!(depth.in_flight, 1, "unacked: back after its lease");
-            });
+            .expect("valid"),
+        );
+        h.publish(1).await;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(worker.clone().run(async {
+            let _ = stopped.await;
+        }));
+        while h.store.effects().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stop.send(()).expect("running");
+        running.await.expect("the loop itself survives");
+        let depth = jobs_core::QueueDepth::depth(&h.queue, &h.name)
+            .await
+            .expect("depth");
+        assert_eq!(depth.in_flight, 1, "unacked: back after its lease");
     });
-    let panics: Vec<(String, u64)> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == "jobs_task_panics_total")
-        .filter_map(|(key, _, _, value)| match value {
-            DebugValue::Counter(n) => Some((
-                key.key().labels().map(|l| l.value().to_owned()).collect(),
-                n,
-            )),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(panics, [("test.jobs".to_owned(), 1)]);
+    assert_eq!(counted, [(vec!["test.jobs".to_owned()], 1)]);
 }
