@@ -57,18 +57,30 @@ struct Group {
 /// every behaviour they show is tested beside them).
 const OWN_TESTS: &[&str] = &["--lib", "--tests"];
 
+impl Group {
+    /// A package's files against its own tests, hangs caught after `min_timeout_secs`.
+    const fn own(
+        name: &'static str,
+        package: &'static str,
+        files: &'static [&'static str],
+        min_timeout_secs: u32,
+    ) -> Group {
+        Group {
+            name,
+            package,
+            files,
+            only: None,
+            test_package: None,
+            features: &[],
+            test_args: OWN_TESTS,
+            missed_by: None,
+            min_timeout_secs,
+        }
+    }
+}
+
 const GROUPS: &[Group] = &[
-    Group {
-        name: "consumers",
-        package: "jobs-consumers",
-        files: &["consumers/src/**"],
-        only: None,
-        test_package: None,
-        features: &[],
-        test_args: OWN_TESTS,
-        missed_by: None,
-        min_timeout_secs: 20,
-    },
+    Group::own("consumers", "jobs-consumers", &["consumers/src/**"], 20),
     // The runtime's grouped mode, on PostgreSQL: what the in-memory tests missed in the
     // runtime, against the model and contract tests on a real queue and store.
     Group {
@@ -101,39 +113,19 @@ const GROUPS: &[Group] = &[
         missed_by: None,
         min_timeout_secs: 120,
     },
-    Group {
-        name: "notifications",
-        package: "jobs-notifications",
-        files: &["notifications/src/**"],
-        only: None,
-        test_package: None,
-        features: &[],
-        test_args: OWN_TESTS,
-        missed_by: None,
-        min_timeout_secs: 20,
-    },
-    Group {
-        name: "cron",
-        package: "jobs-cron",
-        files: &["cron/src/**"],
-        only: None,
-        test_package: None,
-        features: &[],
-        test_args: OWN_TESTS,
-        missed_by: None,
-        min_timeout_secs: 20,
-    },
-    Group {
-        name: "redis",
-        package: "jobs-adapter-redis",
-        files: &["adapters/redis/src/lib.rs"],
-        only: None,
-        test_package: None,
-        features: &[],
-        test_args: OWN_TESTS,
-        missed_by: None,
-        min_timeout_secs: 120,
-    },
+    Group::own(
+        "notifications",
+        "jobs-notifications",
+        &["notifications/src/**"],
+        20,
+    ),
+    Group::own("cron", "jobs-cron", &["cron/src/**"], 20),
+    Group::own(
+        "redis",
+        "jobs-adapter-redis",
+        &["adapters/redis/src/lib.rs"],
+        120,
+    ),
 ];
 
 /// The base `--in-diff` compares with when none is given, and CI's unless

@@ -846,6 +846,24 @@ async fn the_tenant_limit_holds_under_concurrent_fetches() {
     .await;
 }
 
+/// A worker of `test.job` jobs on `jobs` running `handler`, grouped over `queue`, with
+/// `store` as its store and dead letters.
+fn grouped(
+    store: &PgStore,
+    queue: Arc<PgQueue>,
+    jobs: QueueName,
+    handler: impl jobs_testkit::runtime::Handler<PgWorkTx>,
+) -> jobs_testkit::runtime::WorkerBuilder<PgStore> {
+    jobs_testkit::runtime::Worker::builder_on(
+        ConsumerName::try_from("test.grouped").expect("valid"),
+        jobs,
+        queue.clone(),
+        Arc::new(store.clone()),
+    )
+    .handler("test.job".parse().expect("valid"), handler)
+    .grouped(queue)
+}
+
 /// A handler with nothing to do, for workers a test only builds.
 struct Noop;
 
@@ -871,18 +889,8 @@ async fn a_grouped_worker_needs_the_queue_on_the_stores_own_pool() {
             .connect_with((*store.pool().connect_options()).clone())
             .await
             .expect("connect");
-        let build = |queue: PgQueue| {
-            jobs_testkit::runtime::Worker::builder(
-                ConsumerName::try_from("test.grouped").expect("valid"),
-                name("grouped.jobs"),
-                Arc::new(queue.clone()),
-                Arc::new(store.clone()),
-                Arc::new(store.clone()),
-            )
-            .handler("test.job".parse().expect("valid"), Noop)
-            .grouped(Arc::new(queue))
-            .build()
-        };
+        let build =
+            |queue: PgQueue| grouped(&store, Arc::new(queue), name("grouped.jobs"), Noop).build();
         let refused = build(PgQueue::new(other)).expect_err("a pool of its own");
         assert!(refused.to_string().contains("different pools"), "{refused}");
         assert!(
@@ -930,7 +938,7 @@ impl jobs_testkit::runtime::Handler<PgWorkTx> for Mixed {
 /// job 2's dead letter, so the letter stays, job 1's write commits and job 3's does not.
 #[tokio::test]
 async fn undoing_a_failed_job_in_a_group_keeps_what_its_neighbours_settled() {
-    use jobs_testkit::runtime::{Outcome, Worker};
+    use jobs_testkit::runtime::Outcome;
     with_databases(|dbs| async move {
         let store = dbs.store().await;
         sqlx::query("create table group_effects (n bigint not null)")
@@ -948,18 +956,10 @@ async fn undoing_a_failed_job_in_a_group_keeps_what_its_neighbours_settled() {
                 .expect("publish");
             published.push(envelope.job_id);
         }
-        let worker = Worker::builder(
-            ConsumerName::try_from("test.grouped").expect("valid"),
-            jobs.clone(),
-            queue.clone(),
-            Arc::new(store.clone()),
-            Arc::new(store.clone()),
-        )
-        .handler("test.job".parse().expect("valid"), Mixed)
-        .grouped(queue.clone())
-        .group_size(3)
-        .build()
-        .expect("valid");
+        let worker = grouped(&store, queue.clone(), jobs.clone(), Mixed)
+            .group_size(3)
+            .build()
+            .expect("valid");
         let outcomes = worker.run_once().await.expect("receive");
         assert!(
             matches!(
@@ -1017,7 +1017,6 @@ impl jobs_testkit::runtime::Handler<PgWorkTx> for Counts {
 /// once, in groups, and the queue empty after the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grouped_loop_drains_a_backlog_once_and_leaves_the_queue_empty() {
-    use jobs_testkit::runtime::Worker;
     with_databases(|dbs| async move {
         let store = dbs.store().await;
         sqlx::query("create table run_effects (n bigint not null)")
@@ -1034,19 +1033,11 @@ async fn the_grouped_loop_drains_a_backlog_once_and_leaves_the_queue_empty() {
                 .expect("publish");
         }
         let worker = Arc::new(
-            Worker::builder(
-                ConsumerName::try_from("test.loop").expect("valid"),
-                jobs.clone(),
-                queue.clone(),
-                Arc::new(store.clone()),
-                Arc::new(store.clone()),
-            )
-            .handler("test.job".parse().expect("valid"), Counts)
-            .grouped(queue.clone())
-            .group_size(8)
-            .concurrency(3)
-            .build()
-            .expect("valid"),
+            grouped(&store, queue.clone(), jobs.clone(), Counts)
+                .group_size(8)
+                .concurrency(3)
+                .build()
+                .expect("valid"),
         );
         let count = || async {
             let rows: i64 = sqlx::query_scalar("select count(*) from run_effects")
