@@ -15,6 +15,9 @@
 //!   single-row insert per job (`insert` shapes), deletes the batch and commits, on as many
 //!   connections as the runtime runs groups; once with batches of the runtime's group size
 //!   (the ratio's baseline) and once with batches of 100;
+//! - **CPU per job**: beside each drain row, the microseconds of CPU the client (this process)
+//!   and the server (every `postgres` process) spent per job, read from `/proc`: on a
+//!   machine whose cores client and server share, the ratio follows these sums;
 //! - **latency**: about 200 jobs/s trickled into an idle grouped worker, from publish to the
 //!   handler's start and to the commit (a `NOTIFY` the handler sends arrives at the commit).
 
@@ -119,6 +122,46 @@ fn selected(shape: &str) -> bool {
         .map_or(true, |shapes| shapes.split(',').any(|s| s.trim() == shape))
 }
 
+/// Whether `JOBS_BENCH_SIDES` (`raw`, `runtime`; comma-separated) selects `side` of the
+/// drain rows; unset, both run. One side alone is for profiling it: its ratios are then
+/// meaningless.
+fn side(side: &str) -> bool {
+    std::env::var("JOBS_BENCH_SIDES")
+        .map_or(true, |sides| sides.split(',').any(|s| s.trim() == side))
+}
+
+/// One drain: its rate, and the CPU each side spent per job.
+#[derive(Clone, Copy, Default)]
+struct Drain {
+    rate: f64,
+    client_us: f64,
+    server_us: f64,
+}
+
+impl Drain {
+    /// Runs `drain` of `jobs` jobs, with the CPU both sides spent meanwhile.
+    async fn measure(jobs: u64, drain: impl Future<Output = Result<f64>>) -> Result<Drain> {
+        let start = support::Cpu::now();
+        let rate = drain.await?;
+        let (client_us, server_us) = support::Cpu::per_job_since(start, jobs);
+        Ok(Drain {
+            rate,
+            client_us: client_us.round(),
+            server_us: server_us.round(),
+        })
+    }
+
+    /// The faster of two rounds.
+    fn best(a: Drain, b: Drain) -> Drain {
+        if b.rate > a.rate { b } else { a }
+    }
+
+    /// "client + server" CPU per job, in µs.
+    fn cpu(&self) -> String {
+        format!("{:.0} + {:.0}", self.client_us, self.server_us)
+    }
+}
+
 /// `JOBS_BENCH_CONCURRENCY` (comma-separated), else 1, 4 and 16.
 fn concurrencies() -> Result<Vec<usize>> {
     match std::env::var("JOBS_BENCH_CONCURRENCY") {
@@ -171,14 +214,16 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
     }
 
     println!(
-        "\n{:>15}  {:>11}  {:>12}  {:>12}  {:>10}  {:>6}  {:>6}",
+        "\n{:>15}  {:>11}  {:>12}  {:>12}  {:>10}  {:>6}  {:>6}  {:>17}  {:>17}",
         "drain shape",
         "concurrency",
         format!("raw {group}/tx /s"),
         format!("raw {RAW_BATCH}/tx /s"),
         "runtime/s",
         "ratio",
-        format!("vs {RAW_BATCH}")
+        format!("vs {RAW_BATCH}"),
+        format!("raw {group} cpu µs/job"),
+        "runtime cpu µs/job",
     );
     for shape in Shape::ALL.into_iter().filter(|s| selected(s.name())) {
         for &concurrency in &concurrencies {
@@ -193,32 +238,54 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
             reset(&pool).await?;
             queue_enqueue(&queue, warm, 1).await?;
             runtime_drain(&store, &queue, shape, concurrency, warm_jobs).await?;
-            let (mut raw_group, mut raw_100, mut ours) = (0f64, 0f64, 0f64);
+            let (mut raw_group, mut raw_100, mut ours) = Default::default();
             for _ in 0..ROUNDS {
-                reset(&pool).await?;
-                raw_publish(&pool, &envelopes).await?;
-                raw_group = raw_group.max(raw_drain(&pool, shape, concurrency, group, jobs).await?);
-                reset(&pool).await?;
-                raw_publish(&pool, &envelopes).await?;
-                raw_100 = raw_100.max(raw_drain(&pool, shape, concurrency, RAW_BATCH, jobs).await?);
-                reset(&pool).await?;
-                queue_enqueue(&queue, &envelopes, 4).await?;
-                ours = ours.max(runtime_drain(&store, &queue, shape, concurrency, jobs).await?);
-                check_drained(&pool, shape, jobs).await?;
+                if side("raw") {
+                    reset(&pool).await?;
+                    raw_publish(&pool, &envelopes).await?;
+                    let measured =
+                        Drain::measure(jobs, raw_drain(&pool, shape, concurrency, group, jobs))
+                            .await?;
+                    raw_group = Drain::best(raw_group, measured);
+                    reset(&pool).await?;
+                    raw_publish(&pool, &envelopes).await?;
+                    let measured =
+                        Drain::measure(jobs, raw_drain(&pool, shape, concurrency, RAW_BATCH, jobs))
+                            .await?;
+                    raw_100 = Drain::best(raw_100, measured);
+                }
+                if side("runtime") {
+                    reset(&pool).await?;
+                    queue_enqueue(&queue, &envelopes, 4).await?;
+                    let measured = Drain::measure(
+                        jobs,
+                        runtime_drain(&store, &queue, shape, concurrency, jobs),
+                    )
+                    .await?;
+                    ours = Drain::best(ours, measured);
+                    check_drained(&pool, shape, jobs).await?;
+                }
             }
             reset(&pool).await?;
             println!(
-                "{:>15}  {concurrency:>11}  {raw_group:>12.0}  {raw_100:>12.0}  {ours:>10.0}  \
-                 {:>6.2}  {:>6.2}",
+                "{:>15}  {concurrency:>11}  {:>12.0}  {:>12.0}  {:>10.0}  {:>6.2}  {:>6.2}  {:>17}  {:>17}",
                 shape.name(),
-                ours / raw_group,
-                ours / raw_100
+                raw_group.rate,
+                raw_100.rate,
+                ours.rate,
+                ours.rate / raw_group.rate,
+                ours.rate / raw_100.rate,
+                raw_group.cpu(),
+                ours.cpu(),
             );
             support::json_row(json!({
                 "bench": "pg-queue", "shape": shape.name(), "side": "runtime",
-                "concurrency": concurrency, "group_size": group, "jobs_per_s": ours.round(),
-                "baseline_jobs_per_s": raw_group.round(), "ratio": support::ratio(ours, raw_group),
-                "baseline_100_jobs_per_s": raw_100.round(), "ratio_100": support::ratio(ours, raw_100),
+                "concurrency": concurrency, "group_size": group, "jobs_per_s": ours.rate.round(),
+                "baseline_jobs_per_s": raw_group.rate.round(), "ratio": support::ratio(ours.rate, raw_group.rate),
+                "baseline_100_jobs_per_s": raw_100.rate.round(), "ratio_100": support::ratio(ours.rate, raw_100.rate),
+                "client_cpu_us_per_job": ours.client_us, "server_cpu_us_per_job": ours.server_us,
+                "baseline_client_cpu_us_per_job": raw_group.client_us,
+                "baseline_server_cpu_us_per_job": raw_group.server_us,
             }));
             pool.close().await;
         }
