@@ -153,8 +153,9 @@ where
         let mut outcomes: Vec<Option<Outcome>> = vec![None; group.len()];
         let mut members = Vec::with_capacity(group.len());
         for (index, delivery) in group.into_iter().enumerate() {
-            let span = self.job_span(&delivery);
-            match self.triage(&delivery, &span) {
+            let triaged = self.triage(&delivery);
+            let span = self.job_span(&delivery, Ready::salvage_of(&triaged));
+            match triaged {
                 Ok(Ready {
                     prepared,
                     salvage,
@@ -314,9 +315,9 @@ where
         S::Tx: GroupTransaction,
     {
         let live: Vec<usize> = (0..members.len()).filter(|&i| !members[i].lost).collect();
-        let deliveries: Vec<(Lease, JobId)> = live
+        let deliveries: Vec<(&Lease, JobId)> = live
             .iter()
-            .map(|&i| (members[i].delivery.lease.clone(), members[i].job_id))
+            .map(|&i| (&members[i].delivery.lease, members[i].job_id))
             .collect();
         let claims = queue
             .hold_and_claim(tx, &deliveries, &self.consumer, self.clock.now())
@@ -353,7 +354,7 @@ where
             let prepared = match member.prepared.take() {
                 Some(prepared) => prepared,
                 // Rolled back in the first pass: prepared anew.
-                None => match self.triage(&member.delivery, &member.span) {
+                None => match self.triage(&member.delivery) {
                     Ok(ready) => {
                         member.cancel = ready.cancel;
                         ready.prepared
@@ -386,12 +387,12 @@ where
             }
             dirty |= self.redo(tx, member).await?;
         }
-        let settlements: Vec<(Lease, Settlement)> = live
+        let settlements: Vec<(&Lease, Settlement)> = live
             .iter()
             .filter_map(|&i| {
                 let member = &members[i];
                 let decided = member.decided.as_ref()?;
-                Some((member.delivery.lease.clone(), decided.settlement()))
+                Some((&member.delivery.lease, decided.settlement()))
             })
             .collect();
         queue.settle(tx, &settlements).await?;

@@ -599,6 +599,9 @@ impl<S: WorkStore> WorkerBuilder<S> {
             group_size = self.groups.as_ref().map(|_| self.config.group_size),
             "worker built"
         );
+        let labels = (self.handlers.keys())
+            .map(|kind| (kind.clone(), metric_labels(&self.queue, kind)))
+            .collect();
         Ok(Worker {
             consumer: self.consumer,
             queue: self.queue,
@@ -606,6 +609,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             pull: self.layer.or(self.pull),
             store: self.store,
             dead_letters: self.dead_letters,
+            labels,
             handlers: self.handlers,
             timeouts: self.timeouts,
             policy: self.policy,
@@ -617,6 +621,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             shutting_down: tokio::sync::watch::Sender::new(false),
             born: tokio::time::Instant::now(),
             turned_ms: std::sync::atomic::AtomicU64::new(0),
+            span: std::sync::OnceLock::new(),
             store_failures: std::sync::atomic::AtomicU32::new(0),
         })
     }
@@ -681,6 +686,8 @@ pub struct Worker<S: WorkStore> {
     pub(crate) store: Arc<S>,
     dead_letters: Arc<dyn DeadLetterStore>,
     handlers: HashMap<Kind, Arc<dyn ErasedHandler<S::Tx>>>,
+    /// The metric labels of each registered kind, so that counting a job allocates no text.
+    labels: HashMap<Kind, [metrics::Label; 2]>,
     timeouts: HashMap<Kind, Duration>,
     pub(crate) policy: RetryPolicy,
     pub(crate) clock: Arc<dyn Clock>,
@@ -697,6 +704,8 @@ pub struct Worker<S: WorkStore> {
     born: tokio::time::Instant,
     /// When its loop last turned, in milliseconds after `born`; 0 before it first did.
     turned_ms: std::sync::atomic::AtomicU64,
+    /// The parent of its jobs' spans ([`Worker::job_span`]), made at the first job.
+    span: std::sync::OnceLock<tracing::Span>,
 }
 
 /// What a [`Worker::run`] left behind when it stopped, for the line a process logs at exit.
@@ -1288,18 +1297,41 @@ where
         }
     }
 
-    /// The span of one delivery's processing; the envelope's fields are recorded once it
-    /// decodes.
-    pub(crate) fn job_span(&self, delivery: &Delivery) -> tracing::Span {
+    /// The span of one delivery's processing, made once with every field: the envelope's as
+    /// `salvage` has them (all of a valid envelope's; whatever a broken payload still holds).
+    /// Its parent, the worker's span, carries the queue and the consumer, formatted once for
+    /// every job rather than once per job; should the worker's span be disabled (made before
+    /// a subscriber was installed), each job's span carries them itself.
+    pub(crate) fn job_span(&self, delivery: &Delivery, salvage: &Salvage) -> tracing::Span {
+        let worker = self.span.get_or_init(
+            || tracing::info_span!("worker", queue = %self.queue, consumer = %self.consumer),
+        );
+        let (job_id, tenant_id, correlation_id, kind) = (
+            salvage.job_id.map(field::display),
+            salvage.tenant_id.map(field::display),
+            salvage.correlation_id.map(field::display),
+            salvage.kind.as_ref().map(field::display),
+        );
+        if worker.is_disabled() {
+            return tracing::info_span!(
+                "job",
+                queue = %self.queue,
+                consumer = %self.consumer,
+                attempt = delivery.attempt,
+                job_id,
+                tenant_id,
+                correlation_id,
+                kind,
+            );
+        }
         tracing::info_span!(
+            parent: worker,
             "job",
-            queue = %self.queue,
-            consumer = %self.consumer,
             attempt = delivery.attempt,
-            job_id = field::Empty,
-            tenant_id = field::Empty,
-            correlation_id = field::Empty,
-            kind = field::Empty,
+            job_id,
+            tenant_id,
+            correlation_id,
+            kind,
         )
     }
 
@@ -1319,9 +1351,10 @@ where
             tracing::error!(queue = %self.queue, "{error}");
             return Outcome::Unsettled { error };
         }
-        let span = self.job_span(&delivery);
+        let triaged = self.triage(&delivery);
+        let span = self.job_span(&delivery, Ready::salvage_of(&triaged));
         let outcome = self
-            .process_inner(delivery, &span)
+            .process_inner(delivery, triaged)
             .instrument(span.clone())
             .await;
         span.in_scope(|| tracing::debug!(?outcome, "delivery settled"));
@@ -1331,11 +1364,7 @@ where
     /// Decodes the delivery and finds its handler, or says why no handler runs it (poison, an
     /// unknown kind, data that does not fit, an attempt beyond the policy's):
     /// [`Worker::rejected`] decides what becomes of it.
-    pub(crate) fn triage(
-        &self,
-        delivery: &Delivery,
-        span: &tracing::Span,
-    ) -> Result<Ready<S::Tx>, Reject> {
+    pub(crate) fn triage(&self, delivery: &Delivery) -> Result<Ready<S::Tx>, Reject> {
         let envelope = match Envelope::decode_with(&delivery.payload, &self.config.decode_limits) {
             Ok(envelope) => envelope,
             Err(e) => {
@@ -1346,10 +1375,6 @@ where
                 });
             }
         };
-        span.record("job_id", field::display(envelope.job_id));
-        span.record("tenant_id", field::display(envelope.tenant_id));
-        span.record("correlation_id", field::display(envelope.correlation_id));
-        span.record("kind", field::display(&envelope.kind));
         let salvage = Salvage::of(&envelope);
         let kind = envelope.kind.clone();
         let reject = |reason, error| Reject {
@@ -1396,7 +1421,11 @@ where
         }
     }
 
-    async fn process_inner(&self, delivery: Delivery, span: &tracing::Span) -> Outcome {
+    async fn process_inner(
+        &self,
+        delivery: Delivery,
+        triaged: Result<Ready<S::Tx>, Reject>,
+    ) -> Outcome {
         let Ready {
             prepared,
             salvage,
@@ -1404,7 +1433,7 @@ where
             job_id,
             cancel,
             ..
-        } = match self.triage(&delivery, span) {
+        } = match triaged {
             Ok(ready) => ready,
             Err(reject) => return self.rejected(&delivery, reject).await,
         };
@@ -1811,12 +1840,22 @@ where
             .record(started.elapsed().as_secs_f64());
     }
 
+    /// The labels of a job of `kind`: made once per registered kind, shared thereafter.
     fn labels(&self, kind: &Kind) -> Vec<metrics::Label> {
-        vec![
-            metrics::Label::new("queue", self.queue.to_string()),
-            metrics::Label::new("kind", kind.to_string()),
-        ]
+        match self.labels.get(kind) {
+            Some(labels) => labels.to_vec(),
+            None => metric_labels(&self.queue, kind).to_vec(),
+        }
     }
+}
+
+/// The `queue` and `kind` labels of a job's metrics, their values shared rather than copied.
+fn metric_labels(queue: &QueueName, kind: &Kind) -> [metrics::Label; 2] {
+    let shared = |text: &str| metrics::SharedString::from_shared(Arc::<str>::from(text));
+    [
+        metrics::Label::new("queue", shared(queue.as_str())),
+        metrics::Label::new("kind", shared(kind.as_str())),
+    ]
 }
 
 /// What the loop does after a receive.
@@ -1852,6 +1891,16 @@ pub(crate) struct Ready<Tx: Send> {
     pub(crate) rerunnable: bool,
     /// Fires the job's [`Cancellation`](crate::Cancellation).
     pub(crate) cancel: Canceller,
+}
+
+impl<Tx: Send> Ready<Tx> {
+    /// The envelope's fields a triage found, whatever it decided.
+    pub(crate) fn salvage_of(triaged: &Result<Ready<Tx>, Reject>) -> &Salvage {
+        match triaged {
+            Ok(ready) => &ready.salvage,
+            Err(reject) => &reject.salvage,
+        }
+    }
 }
 
 /// What one delivery's work transaction came to, before the delivery is settled.

@@ -511,7 +511,7 @@ pub trait SettleInTransaction<S: WorkStore>: SettlePort {
     /// lease still holds (the delivery is the message's latest and is unsettled). A held
     /// message cannot be delivered to anyone else while `tx` is open, even past its lease's
     /// expiry; a message not held must not be handled.
-    async fn hold(&self, tx: &mut S::Tx, leases: &[Lease]) -> Result<Vec<bool>, StoreError>;
+    async fn hold(&self, tx: &mut S::Tx, leases: &[&Lease]) -> Result<Vec<bool>, StoreError>;
 
     /// [`hold`](Self::hold) each lease, then [`claim_all`](GroupTransaction::claim_all) for
     /// `consumer` the jobs of those held: per delivery, `None` when its lease does not hold
@@ -520,14 +520,14 @@ pub trait SettleInTransaction<S: WorkStore>: SettlePort {
     async fn hold_and_claim(
         &self,
         tx: &mut S::Tx,
-        deliveries: &[(Lease, JobId)],
+        deliveries: &[(&Lease, JobId)],
         consumer: &ConsumerName,
         at: SystemTime,
     ) -> Result<Vec<Option<Claim>>, StoreError>
     where
         S::Tx: GroupTransaction,
     {
-        let leases: Vec<Lease> = deliveries.iter().map(|(lease, _)| lease.clone()).collect();
+        let leases: Vec<&Lease> = deliveries.iter().map(|(lease, _)| *lease).collect();
         let held = self.hold(tx, &leases).await?;
         let job_ids: Vec<JobId> = deliveries
             .iter()
@@ -548,7 +548,7 @@ pub trait SettleInTransaction<S: WorkStore>: SettlePort {
     async fn settle(
         &self,
         tx: &mut S::Tx,
-        settlements: &[(Lease, Settlement)],
+        settlements: &[(&Lease, Settlement)],
     ) -> Result<(), StoreError>;
 }
 

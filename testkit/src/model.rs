@@ -576,7 +576,7 @@ impl<S: WorkStore> SettleInTransaction<MutantStore<S>> for GroupWire<S> {
     async fn hold(
         &self,
         tx: &mut MutantTx<S::Tx>,
-        leases: &[Lease],
+        leases: &[&Lease],
     ) -> Result<Vec<bool>, StoreError> {
         self.inner.hold(&mut tx.inner, leases).await
     }
@@ -584,7 +584,7 @@ impl<S: WorkStore> SettleInTransaction<MutantStore<S>> for GroupWire<S> {
     async fn settle(
         &self,
         tx: &mut MutantTx<S::Tx>,
-        settlements: &[(Lease, Settlement)],
+        settlements: &[(&Lease, Settlement)],
     ) -> Result<(), StoreError> {
         self.inner.settle(&mut tx.inner, settlements).await?;
         if self.wire.lose_next_ack.swap(false, Ordering::SeqCst) {

@@ -600,8 +600,8 @@ impl SettleInTransaction<PgStore> for PgQueue {
 
     /// `select ... for update` of the rows whose generation is the lease's and still leased:
     /// another receiver's `skip locked` passes them by until the transaction ends.
-    async fn hold(&self, tx: &mut PgWorkTx, leases: &[Lease]) -> Result<Vec<bool>, StoreError> {
-        let (ids, generations) = tokens(leases);
+    async fn hold(&self, tx: &mut PgWorkTx, leases: &[&Lease]) -> Result<Vec<bool>, StoreError> {
+        let (ids, generations) = tokens(leases.iter().copied());
         let held: Vec<i64> = sqlx::query_scalar(
             "select array(select j.id from core.jobs j \
                  join unnest($1::bigint[], $2::bigint[]) as l(id, gen) \
@@ -622,12 +622,11 @@ impl SettleInTransaction<PgStore> for PgQueue {
     async fn hold_and_claim(
         &self,
         tx: &mut PgWorkTx,
-        deliveries: &[(Lease, JobId)],
+        deliveries: &[(&Lease, JobId)],
         consumer: &ConsumerName,
         at: SystemTime,
     ) -> Result<Vec<Option<Claim>>, StoreError> {
-        let leases: Vec<Lease> = deliveries.iter().map(|(lease, _)| lease.clone()).collect();
-        let (ids, generations) = tokens(&leases);
+        let (ids, generations) = tokens(deliveries.iter().map(|(lease, _)| *lease));
         let job_ids: Vec<Uuid> = deliveries.iter().map(|(_, id)| id.as_uuid()).collect();
         let (held, claimed): (Vec<i64>, Vec<Uuid>) = sqlx::query_as(
             "with held as materialized ( \
@@ -680,13 +679,12 @@ impl SettleInTransaction<PgStore> for PgQueue {
     async fn settle(
         &self,
         tx: &mut PgWorkTx,
-        settlements: &[(Lease, Settlement)],
+        settlements: &[(&Lease, Settlement)],
     ) -> Result<(), StoreError> {
         if settlements.is_empty() {
             return Ok(());
         }
-        let leases: Vec<Lease> = settlements.iter().map(|(l, _)| l.clone()).collect();
-        let (ids, generations) = tokens(&leases);
+        let (ids, generations) = tokens(settlements.iter().map(|(lease, _)| *lease));
         let now = self.clock.now();
         let mut kinds = Vec::with_capacity(settlements.len());
         let mut ats = Vec::with_capacity(settlements.len());
@@ -738,9 +736,8 @@ impl SettleInTransaction<PgStore> for PgQueue {
 
 /// The row ids and generations of `leases`; a token that does not parse (not this queue's)
 /// is `(0, -1)`, which matches no row.
-fn tokens(leases: &[Lease]) -> (Vec<i64>, Vec<i64>) {
+fn tokens<'a>(leases: impl Iterator<Item = &'a Lease>) -> (Vec<i64>, Vec<i64>) {
     leases
-        .iter()
         .map(|lease| parse_token(lease.token()).unwrap_or((0, -1)))
         .unzip()
 }
