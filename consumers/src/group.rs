@@ -387,12 +387,12 @@ where
             }
             dirty |= self.redo(tx, member).await?;
         }
-        let settlements: Vec<(&Lease, Settlement)> = live
+        let settlements: Vec<(&Delivery, Settlement)> = live
             .iter()
             .filter_map(|&i| {
                 let member = &members[i];
                 let decided = member.decided.as_ref()?;
-                Some((&member.delivery.lease, decided.settlement()))
+                Some((&member.delivery, decided.settlement()))
             })
             .collect();
         queue.settle(tx, &settlements).await?;

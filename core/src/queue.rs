@@ -507,10 +507,13 @@ pub trait SettleInTransaction<S: WorkStore>: SettlePort {
     /// refuse.
     fn shares_transactions_with(&self, store: &S) -> Result<(), String>;
 
-    /// Locks the messages of `leases` in `tx` until it ends, answering for each whether its
-    /// lease still holds (the delivery is the message's latest and is unsettled). A held
-    /// message cannot be delivered to anyone else while `tx` is open, even past its lease's
-    /// expiry; a message not held must not be handled.
+    /// Takes the messages of `leases` into `tx`, answering for each whether its lease still
+    /// holds (the delivery is the message's latest and is unsettled). A message taken cannot
+    /// be delivered to anyone else while `tx` is open, even past its lease's expiry; a message
+    /// not taken must not be handled. Every message taken must be settled in `tx`
+    /// ([`settle`](Self::settle)) before it commits: a queue may take it out for good already
+    /// (so that an ack costs nothing more), and refuses the commit of a transaction that left
+    /// one unsettled.
     async fn hold(&self, tx: &mut S::Tx, leases: &[&Lease]) -> Result<Vec<bool>, StoreError>;
 
     /// [`hold`](Self::hold) each lease, then [`claim_all`](GroupTransaction::claim_all) for
@@ -542,13 +545,14 @@ pub trait SettleInTransaction<S: WorkStore>: SettlePort {
             .collect())
     }
 
-    /// Settles held deliveries in `tx`: each settlement takes effect if and only if `tx`
-    /// commits. Fails, and the transaction must then be rolled back, if one of them is not
-    /// held.
+    /// Settles the deliveries [`hold`](Self::hold) took in `tx`, every one of them: each
+    /// settlement takes effect if and only if `tx` commits. Fails, and the transaction must
+    /// then be rolled back, if a delivery was not taken. A retry or a deferral puts the
+    /// message back with the delivery's bytes.
     async fn settle(
         &self,
         tx: &mut S::Tx,
-        settlements: &[(&Lease, Settlement)],
+        settlements: &[(&Delivery, Settlement)],
     ) -> Result<(), StoreError>;
 }
 

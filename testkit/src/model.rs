@@ -584,7 +584,7 @@ impl<S: WorkStore> SettleInTransaction<MutantStore<S>> for GroupWire<S> {
     async fn settle(
         &self,
         tx: &mut MutantTx<S::Tx>,
-        settlements: &[(&Lease, Settlement)],
+        settlements: &[(&Delivery, Settlement)],
     ) -> Result<(), StoreError> {
         self.inner.settle(&mut tx.inner, settlements).await?;
         if self.wire.lose_next_ack.swap(false, Ordering::SeqCst) {
@@ -594,11 +594,11 @@ impl<S: WorkStore> SettleInTransaction<MutantStore<S>> for GroupWire<S> {
         if settlements.len() > 1 {
             self.stats.groups.fetch_add(1, Ordering::Relaxed);
         }
-        for (lease, settlement) in settlements {
+        for (delivery, settlement) in settlements {
             match settlement {
                 Settlement::RetryAt(at) => {
                     self.stats.released.fetch_add(1, Ordering::Relaxed);
-                    if let Some((attempt, payload)) = self.wire.payload(lease) {
+                    if let Some((attempt, payload)) = self.wire.payload(&delivery.lease) {
                         lock(&self.wire.retries).push(RetryRecord {
                             attempt,
                             now: self.wire.clock.now(),

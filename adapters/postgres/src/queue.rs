@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use crate::convert::{from_timestamp, to_timestamp};
 use crate::error::{is_schema_missing, is_transient, store_error};
 use crate::fair::{Fetch, Lanes};
+use crate::tx::Taken;
 use crate::{PgStore, PgWorkTx};
 
 /// The channel `core.jobs`' insert trigger notifies, with the queue name as payload.
@@ -598,27 +599,25 @@ impl SettleInTransaction<PgStore> for PgQueue {
         }
     }
 
-    /// `select ... for update` of the rows whose generation is the lease's and still leased:
-    /// another receiver's `skip locked` passes them by until the transaction ends.
+    /// Deletes, in `tx`, the rows whose generation is the lease's and still leased: another
+    /// receiver's `skip locked` passes them by until the transaction ends, and if it commits
+    /// they are acked without another statement; [`settle`](Self::settle) puts back those to
+    /// retry or defer.
     async fn hold(&self, tx: &mut PgWorkTx, leases: &[&Lease]) -> Result<Vec<bool>, StoreError> {
         let (ids, generations) = tokens(leases.iter().copied());
-        let held: Vec<i64> = sqlx::query_scalar(
-            "select array(select j.id from core.jobs j \
-                 join unnest($1::bigint[], $2::bigint[]) as l(id, gen) \
-                   on j.id = l.id and j.lease_gen = l.gen \
-                 where j.leased order by j.id for update of j)",
-        )
-        .bind(&ids)
-        .bind(&generations)
-        .fetch_one(tx.own())
-        .await
-        .map_err(|e| store_error("hold a group in core.jobs", e))?;
-        let held: HashSet<i64> = held.into_iter().collect();
+        let taken: TakenRows = sqlx::query_as(&HOLD)
+            .bind(&ids)
+            .bind(&generations)
+            .fetch_one(tx.own())
+            .await
+            .map_err(|e| store_error("take a group from core.jobs", e))?;
+        let held = keep_taken(tx, taken);
         Ok(ids.iter().map(|id| held.contains(id)).collect())
     }
 
-    /// One statement: the rows held as [`hold`](Self::hold) does, and the jobs of those held
-    /// claimed as [`claim_all`](jobs_core::GroupTransaction::claim_all) does, in job id order.
+    /// One statement: the rows taken as [`hold`](Self::hold) takes them, and the jobs of those
+    /// taken claimed as [`claim_all`](jobs_core::GroupTransaction::claim_all) does, in job id
+    /// order.
     async fn hold_and_claim(
         &self,
         tx: &mut PgWorkTx,
@@ -628,30 +627,21 @@ impl SettleInTransaction<PgStore> for PgQueue {
     ) -> Result<Vec<Option<Claim>>, StoreError> {
         let (ids, generations) = tokens(deliveries.iter().map(|(lease, _)| *lease));
         let job_ids: Vec<Uuid> = deliveries.iter().map(|(_, id)| id.as_uuid()).collect();
-        let (held, claimed): (Vec<i64>, Vec<Uuid>) = sqlx::query_as(
-            "with held as materialized ( \
-                 select j.id from core.jobs j \
-                 join unnest($1::bigint[], $2::bigint[]) as l(id, gen) \
-                   on j.id = l.id and j.lease_gen = l.gen \
-                 where j.leased order by j.id for update of j), \
-             claimed as ( \
-                 insert into core.processed_jobs (job_id, consumer, processed_at) \
-                 select distinct d.job_id, $4, $5 \
-                 from unnest($1::bigint[], $3::uuid[]) as d(id, job_id) join held using (id) \
-                 order by d.job_id \
-                 on conflict (job_id, consumer) do nothing returning job_id) \
-             select (select coalesce(array_agg(id), '{}') from held), \
-                    (select coalesce(array_agg(job_id), '{}') from claimed)",
-        )
-        .bind(&ids)
-        .bind(&generations)
-        .bind(&job_ids)
-        .bind(consumer.as_str())
-        .bind(to_timestamp(at)?)
-        .fetch_one(tx.own())
-        .await
-        .map_err(|e| store_error("hold and claim a group", e))?;
-        let held: HashSet<i64> = held.into_iter().collect();
+        let (taken, claimed): (TakenRows, Vec<Uuid>) = {
+            let row = sqlx::query(&HOLD_AND_CLAIM)
+                .bind(&ids)
+                .bind(&generations)
+                .bind(&job_ids)
+                .bind(consumer.as_str())
+                .bind(to_timestamp(at)?)
+                .fetch_one(tx.own())
+                .await
+                .map_err(|e| store_error("take and claim a group", e))?;
+            let corrupt = |e| store_error("read a taken group", e);
+            let taken = <TakenRows as sqlx::FromRow<'_, PgRow>>::from_row(&row).map_err(corrupt)?;
+            (taken, row.try_get("claimed").map_err(corrupt)?)
+        };
+        let held = keep_taken(tx, taken);
         let held_jobs: Vec<JobId> = deliveries
             .iter()
             .zip(&ids)
@@ -674,64 +664,177 @@ impl SettleInTransaction<PgStore> for PgQueue {
             .collect())
     }
 
-    /// One statement: acks deleted, retries and deferrals released to their time (a deferral
-    /// gives its attempt back), each fenced by its generation.
+    /// Acks cost nothing more (their rows went at [`hold`](Self::hold)); retries and
+    /// deferrals go back in one insert, under their id and generation, released to their time
+    /// (a deferral gives its attempt back).
     async fn settle(
         &self,
         tx: &mut PgWorkTx,
-        settlements: &[(&Lease, Settlement)],
+        settlements: &[(&Delivery, Settlement)],
     ) -> Result<(), StoreError> {
-        if settlements.is_empty() {
-            return Ok(());
-        }
-        let (ids, generations) = tokens(settlements.iter().map(|(lease, _)| *lease));
-        let now = self.clock.now();
-        let mut kinds = Vec::with_capacity(settlements.len());
-        let mut ats = Vec::with_capacity(settlements.len());
-        for (_, settlement) in settlements {
-            let (kind, at): (i16, SystemTime) = match *settlement {
-                Settlement::Ack => (0, now),
-                Settlement::RetryAt(at) => (1, at),
-                Settlement::Defer(until) => (2, until),
+        let mut back = PutBack::default();
+        for (delivery, settlement) in settlements {
+            let (id, generation) = parse_token(delivery.lease.token()).unwrap_or((0, -1));
+            let Some(taken) = tx.taken.remove(&id) else {
+                return Err(StoreError::failed(
+                    "settled a delivery this transaction did not take: a lease was not held",
+                ));
+            };
+            let (at, deliveries) = match *settlement {
+                Settlement::Ack => continue,
+                Settlement::RetryAt(at) => (at, taken.deliveries),
+                Settlement::Defer(until) => (until, (taken.deliveries - 1).max(0)),
                 _ => {
                     return Err(StoreError::failed(format!(
                         "unknown settlement {settlement:?}"
                     )));
                 }
             };
-            kinds.push(kind);
-            ats.push(to_timestamp(at)?);
+            back.ids.push(id);
+            back.generations.push(generation);
+            back.visible.push(to_timestamp(at)?);
+            back.deliveries.push(deliveries);
+            back.payloads.push(delivery.payload.as_slice());
+            back.queues.push(taken.queue);
+            back.keys.push(taken.dedup_key);
+            back.tenants.push(taken.tenant_id);
+            back.created.push(taken.created_at);
+            back.lanes.push(taken.lane);
         }
-        let settled: i64 = sqlx::query_scalar(
-            "with s as (select * from unnest($1::bigint[], $2::bigint[], $3::smallint[], \
-                     $4::timestamptz[]) as s(id, gen, kind, at)), \
-                 acked as (delete from core.jobs j using s \
-                     where s.kind = 0 and j.id = s.id and j.lease_gen = s.gen and j.leased \
-                     returning 1), \
-                 released as (update core.jobs j set leased = false, visible_at = s.at, \
-                         deliveries = case when s.kind = 2 then greatest(j.deliveries - 1, 0) \
-                                      else j.deliveries end \
-                     from s where s.kind <> 0 and j.id = s.id and j.lease_gen = s.gen \
-                         and j.leased \
-                     returning 1) \
-             select (select count(*) from acked) + (select count(*) from released)",
+        if back.ids.is_empty() {
+            return Ok(());
+        }
+        let put: i64 = sqlx::query_scalar(
+            "with put as ( \
+                 insert into core.jobs (id, queue, dedup_key, payload, tenant_id, visible_at, \
+                     deliveries, lease_gen, leased, created_at, lane) overriding system value \
+                 select id, queue, dedup_key, payload, tenant_id, visible_at, deliveries, gen, \
+                     false, created_at, lane \
+                 from unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[], $5::uuid[], \
+                     $6::timestamptz[], $7::int[], $8::bigint[], $9::timestamptz[], $10::uuid[]) \
+                     as u(id, queue, dedup_key, payload, tenant_id, visible_at, deliveries, gen, \
+                         created_at, lane) \
+                 returning 1) \
+             select count(*) from put",
         )
-        .bind(&ids)
-        .bind(&generations)
-        .bind(&kinds)
-        .bind(&ats)
+        .bind(&back.ids)
+        .bind(&back.queues)
+        .bind(&back.keys)
+        .bind(&back.payloads)
+        .bind(&back.tenants)
+        .bind(&back.visible)
+        .bind(&back.deliveries)
+        .bind(&back.generations)
+        .bind(&back.created)
+        .bind(&back.lanes)
         .fetch_one(tx.own())
         .await
-        .map_err(|e| store_error("settle a group in core.jobs", e))?;
-        if usize::try_from(settled).ok() == Some(settlements.len()) {
+        .map_err(|e| store_error("put a group's retries back into core.jobs", e))?;
+        if usize::try_from(put).ok() == Some(back.ids.len()) {
             Ok(())
         } else {
             Err(StoreError::failed(format!(
-                "settled {settled} of {} deliveries: a lease was not held",
-                settlements.len()
+                "put back {put} of {} messages",
+                back.ids.len()
             )))
         }
     }
+}
+
+/// The fenced delete of a group's rows (`$1` ids, `$2` generations), returning what putting
+/// one back takes.
+const TAKE: &str = "delete from core.jobs j using unnest($1::bigint[], $2::bigint[]) as l(id, gen) \
+     where j.id = l.id and j.lease_gen = l.gen and j.leased \
+     returning j.id, j.queue, j.dedup_key, j.tenant_id, j.deliveries, j.created_at, j.lane";
+
+/// The taken rows as one row of arrays, in one order ([`TakenRows`]).
+const TAKEN_ARRAYS: &str = "coalesce(array_agg(id), '{}') as ids, \
+     coalesce(array_agg(queue), '{}') as queues, \
+     coalesce(array_agg(dedup_key), '{}') as keys, \
+     coalesce(array_agg(tenant_id), '{}') as tenants, \
+     coalesce(array_agg(deliveries), '{}') as deliveries, \
+     coalesce(array_agg(created_at), '{}') as created, \
+     coalesce(array_agg(lane), '{}') as lanes";
+
+/// [`SettleInTransaction::hold`]'s statement.
+static HOLD: LazyLock<String> =
+    LazyLock::new(|| format!("with taken as ({TAKE}) select {TAKEN_ARRAYS} from taken"));
+
+/// [`SettleInTransaction::hold_and_claim`]'s statement: `$3` the job ids, `$4` the consumer,
+/// `$5` the time of the claims.
+static HOLD_AND_CLAIM: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "with taken as ({TAKE}), \
+         claimed as ( \
+             insert into core.processed_jobs (job_id, consumer, processed_at) \
+             select distinct d.job_id, $4, $5 \
+             from unnest($1::bigint[], $3::uuid[]) as d(id, job_id) join taken using (id) \
+             order by d.job_id \
+             on conflict (job_id, consumer) do nothing returning job_id) \
+         select t.*, c.claimed from (select {TAKEN_ARRAYS} from taken) as t, \
+             (select coalesce(array_agg(job_id), '{{}}') as claimed from claimed) as c"
+    )
+});
+
+/// The rows a group took, column by column ([`TAKEN_ARRAYS`]).
+#[derive(sqlx::FromRow)]
+struct TakenRows {
+    ids: Vec<i64>,
+    queues: Vec<String>,
+    keys: Vec<String>,
+    tenants: Vec<Option<Uuid>>,
+    deliveries: Vec<i32>,
+    created: Vec<DateTime<Utc>>,
+    lanes: Vec<Option<Uuid>>,
+}
+
+/// Keeps the rows `taken` in `tx` until they are settled; returns their ids.
+fn keep_taken(tx: &mut PgWorkTx, taken: TakenRows) -> HashSet<i64> {
+    let TakenRows {
+        ids,
+        queues,
+        keys,
+        tenants,
+        deliveries,
+        created,
+        lanes,
+    } = taken;
+    let rows = queues
+        .into_iter()
+        .zip(keys)
+        .zip(tenants)
+        .zip(deliveries)
+        .zip(created)
+        .zip(lanes);
+    for (&id, (((((queue, dedup_key), tenant_id), deliveries), created_at), lane)) in
+        ids.iter().zip(rows)
+    {
+        let taken = Taken {
+            queue,
+            dedup_key,
+            tenant_id,
+            deliveries,
+            created_at,
+            lane,
+        };
+        tx.taken.insert(id, taken);
+    }
+    ids.into_iter().collect()
+}
+
+/// The columns of the rows a group puts back.
+#[derive(Default)]
+struct PutBack<'a> {
+    ids: Vec<i64>,
+    generations: Vec<i64>,
+    visible: Vec<DateTime<Utc>>,
+    deliveries: Vec<i32>,
+    payloads: Vec<&'a [u8]>,
+    queues: Vec<String>,
+    keys: Vec<String>,
+    tenants: Vec<Option<Uuid>>,
+    created: Vec<DateTime<Utc>>,
+    lanes: Vec<Option<Uuid>>,
 }
 
 /// The row ids and generations of `leases`; a token that does not parse (not this queue's)

@@ -1,6 +1,6 @@
 //! The work transaction.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::SystemTime;
@@ -30,6 +30,21 @@ pub struct PgWorkTx {
     touched: bool,
     /// The checkpoint's savepoint exists.
     savepoint: bool,
+    /// The messages of `core.jobs` a group took in this transaction and has not settled yet,
+    /// by row id: the commit is refused while one is left.
+    pub(crate) taken: HashMap<i64, Taken>,
+}
+
+/// A message a group took out of `core.jobs` (deleted in its transaction, so acked when it
+/// commits), with what it takes to put it back for a retry or a deferral.
+#[cfg_attr(not(feature = "queue"), allow(dead_code))]
+pub(crate) struct Taken {
+    pub(crate) queue: String,
+    pub(crate) dedup_key: String,
+    pub(crate) tenant_id: Option<Uuid>,
+    pub(crate) deliveries: i32,
+    pub(crate) created_at: chrono::DateTime<chrono::Utc>,
+    pub(crate) lane: Option<Uuid>,
 }
 
 /// The first checkpoint of [`GroupTransaction::checkpoint`]: a savepoint named so that a
@@ -90,6 +105,7 @@ impl PgWorkTx {
             tx,
             touched: false,
             savepoint: false,
+            taken: HashMap::new(),
         }
     }
 
@@ -205,7 +221,16 @@ impl WorkTransaction for PgWorkTx {
         Ok(done.rows_affected())
     }
 
+    /// Refused, and rolled back, while a message taken from the queue in this transaction is
+    /// unsettled: committing would ack it.
     async fn commit(self) -> Result<(), StoreError> {
+        if !self.taken.is_empty() {
+            return Err(StoreError::failed(format!(
+                "{} messages taken from core.jobs in this transaction were not settled; \
+                 it was rolled back",
+                self.taken.len()
+            )));
+        }
         self.tx
             .commit()
             .await

@@ -261,7 +261,7 @@ async fn hold_and_claim_claims_only_the_jobs_whose_leases_hold() {
             .expect("claim");
         tx.commit().await.expect("commit");
 
-        let deliveries: Vec<_> = (0..4).map(|i| (first[i].lease.clone(), job(i))).collect();
+        let deliveries: Vec<_> = (0..4).map(|i| (&first[i].lease, job(i))).collect();
         let mut tx = store.begin().await.expect("begin");
         let claims = queue
             .hold_and_claim(&mut tx, &deliveries, &consumer, clock.now())
@@ -277,6 +277,8 @@ async fn hold_and_claim_claims_only_the_jobs_whose_leases_hold() {
             ],
             "a lease not held claims nothing; the others answer as claim_all does"
         );
+        let acks: Vec<_> = (1..4).map(|i| (&first[i], Settlement::Ack)).collect();
+        queue.settle(&mut tx, &acks).await.expect("settle");
         tx.commit().await.expect("commit");
         let claimed: Vec<sqlx::types::Uuid> = sqlx::query_scalar(
             "select job_id from core.processed_jobs where consumer = $1 order by job_id",
@@ -290,6 +292,54 @@ async fn hold_and_claim_claims_only_the_jobs_whose_leases_hold() {
         assert_eq!(
             claimed, expected,
             "job 0 is not claimed by the stale holder"
+        );
+    })
+    .await;
+}
+
+/// The row id of a delivery of the PostgreSQL queue.
+fn kept_acked(delivery: &jobs_core::Delivery) -> i64 {
+    delivery
+        .message_id
+        .as_deref()
+        .and_then(|id| id.parse().ok())
+        .expect("a row id")
+}
+
+#[tokio::test]
+async fn a_transaction_that_took_a_message_and_did_not_settle_it_does_not_commit() {
+    with_databases(|dbs| async move {
+        let (queue, _clock) = queue(&dbs).await;
+        let store = PgStore::from_pool(queue.pool().clone());
+        let q = name("group.unsettled");
+        for n in 0..2 {
+            queue
+                .publish(&q, &fixtures::envelope(1, n), PublishOptions::default())
+                .await
+                .expect("publish");
+        }
+        let leased = queue.receive(&q, 2, LEASE).await.expect("receive");
+        let mut tx = store.begin().await.expect("begin");
+        let leases: Vec<_> = leased.iter().map(|d| &d.lease).collect();
+        assert_eq!(
+            queue.hold(&mut tx, &leases).await.expect("hold"),
+            [true, true]
+        );
+        queue
+            .settle(&mut tx, &[(&leased[0], Settlement::Ack)])
+            .await
+            .expect("settle one");
+        let refused = tx.commit().await;
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("not settled")),
+            "{refused:?}"
+        );
+        assert_eq!(
+            count(queue.pool(), "core.jobs where leased").await,
+            2,
+            "nothing of the refused transaction committed: neither the ack nor the take"
         );
     })
     .await;
@@ -318,7 +368,7 @@ async fn held_deliveries_are_fenced_and_settle_only_with_the_work_transaction() 
         clock.advance(LEASE * 2);
         let taken = queue.receive(&q, 1, LEASE).await.expect("receive");
         assert_eq!(taken[0].message_id, first[0].message_id);
-        let leases: Vec<_> = first.iter().map(|d| d.lease.clone()).collect();
+        let leases: Vec<_> = first.iter().map(|d| &d.lease).collect();
 
         let mut tx = store.begin().await.expect("begin");
         let held = queue.hold(&mut tx, &leases).await.expect("hold");
@@ -356,15 +406,29 @@ async fn held_deliveries_are_fenced_and_settle_only_with_the_work_transaction() 
             .expect("the undo recovers the aborted transaction");
 
         let later = clock.now() + Duration::from_secs(600);
-        let stale = queue
-            .settle(&mut tx, &[(leases[0].clone(), Settlement::Ack)])
-            .await;
+        let stale = queue.settle(&mut tx, &[(&first[0], Settlement::Ack)]).await;
         assert!(
             stale.is_err(),
             "a lease not held settles nothing: {stale:?}"
         );
-        // The failed statement aborted the transaction; start again.
         drop(tx);
+        // Every column but the lease's survives a put back.
+        let columns = "select id, queue, dedup_key, payload, tenant_id, created_at::text, lane, \
+                       lease_gen from core.jobs order by id";
+        type Columns = (
+            i64,
+            String,
+            String,
+            Vec<u8>,
+            Option<sqlx::types::Uuid>,
+            String,
+            Option<sqlx::types::Uuid>,
+            i64,
+        );
+        let kept: Vec<Columns> = sqlx::query_as(columns)
+            .fetch_all(&pool)
+            .await
+            .expect("rows");
         let mut tx = store.begin().await.expect("begin");
         let held = queue.hold(&mut tx, &leases[1..]).await.expect("hold");
         assert_eq!(held, [true, true, true]);
@@ -376,9 +440,9 @@ async fn held_deliveries_are_fenced_and_settle_only_with_the_work_transaction() 
             .settle(
                 &mut tx,
                 &[
-                    (leases[1].clone(), Settlement::Ack),
-                    (leases[2].clone(), Settlement::RetryAt(later)),
-                    (leases[3].clone(), Settlement::Defer(later)),
+                    (&first[1], Settlement::Ack),
+                    (&first[2], Settlement::RetryAt(later)),
+                    (&first[3], Settlement::Defer(later)),
                 ],
             )
             .await
@@ -402,6 +466,12 @@ async fn held_deliveries_are_fenced_and_settle_only_with_the_work_transaction() 
             "acked, retried (attempt kept), deferred (attempt given back)"
         );
         assert_eq!(count(&pool, "effects").await, 1);
+        let put_back: Vec<Columns> = sqlx::query_as(columns)
+            .fetch_all(&pool)
+            .await
+            .expect("rows");
+        let kept: Vec<Columns> = kept.into_iter().filter(|row| row.0 != kept_acked(&first[1])).collect();
+        assert_eq!(put_back, kept, "retried and deferred rows keep their id, key, payload, tenant, creation, lane and generation");
 
         let elsewhere = PgStore::from_pool(dbs.pool().await);
         assert!(queue.shares_transactions_with(&elsewhere).is_err());
