@@ -608,10 +608,11 @@ impl SettleInTransaction<PgStore> for PgQueue {
         let taken: TakenRows = sqlx::query_as(&HOLD)
             .bind(&ids)
             .bind(&generations)
+            .bind(Vec::<Uuid>::new())
             .fetch_one(tx.own())
             .await
             .map_err(|e| store_error("take a group from core.jobs", e))?;
-        let held = keep_taken(tx, taken);
+        let held = keep_taken(tx, taken, &[]);
         Ok(ids.iter().map(|id| held.contains(id)).collect())
     }
 
@@ -641,7 +642,12 @@ impl SettleInTransaction<PgStore> for PgQueue {
             let taken = <TakenRows as sqlx::FromRow<'_, PgRow>>::from_row(&row).map_err(corrupt)?;
             (taken, row.try_get("claimed").map_err(corrupt)?)
         };
-        let held = keep_taken(tx, taken);
+        let jobs: Vec<(i64, JobId)> = ids
+            .iter()
+            .copied()
+            .zip(deliveries.iter().map(|(_, id)| *id))
+            .collect();
+        let held = keep_taken(tx, taken, &jobs);
         let held_jobs: Vec<JobId> = deliveries
             .iter()
             .zip(&ids)
@@ -675,11 +681,12 @@ impl SettleInTransaction<PgStore> for PgQueue {
         let mut back = PutBack::default();
         for (delivery, settlement) in settlements {
             let (id, generation) = parse_token(delivery.lease.token()).unwrap_or((0, -1));
-            let Some(taken) = tx.taken.remove(&id) else {
+            let Some(at) = tx.taken.iter().position(|taken| taken.id == id) else {
                 return Err(StoreError::failed(
                     "settled a delivery this transaction did not take: a lease was not held",
                 ));
             };
+            let taken = tx.taken.swap_remove(at);
             let (at, deliveries) = match *settlement {
                 Settlement::Ack => continue,
                 Settlement::RetryAt(at) => (at, taken.deliveries),
@@ -695,8 +702,13 @@ impl SettleInTransaction<PgStore> for PgQueue {
             back.visible.push(to_timestamp(at)?);
             back.deliveries.push(deliveries);
             back.payloads.push(delivery.payload.as_slice());
-            back.queues.push(taken.queue);
-            back.keys.push(taken.dedup_key);
+            back.queues.push(delivery.lease.queue().as_str());
+            let key = match (taken.dedup_key, taken.job_id) {
+                (Some(key), _) => key,
+                (None, Some(job_id)) => job_id.to_string(),
+                (None, None) => return Err(StoreError::failed("a taken row without its key")),
+            };
+            back.keys.push(key);
             back.tenants.push(taken.tenant_id);
             back.created.push(taken.created_at);
             back.lanes.push(taken.lane);
@@ -741,15 +753,17 @@ impl SettleInTransaction<PgStore> for PgQueue {
     }
 }
 
-/// The fenced delete of a group's rows (`$1` ids, `$2` generations), returning what putting
-/// one back takes.
-const TAKE: &str = "delete from core.jobs j using unnest($1::bigint[], $2::bigint[]) as l(id, gen) \
+/// The fenced delete of a group's rows (`$1` ids, `$2` generations, `$3` their job ids when
+/// known), returning what putting one back takes besides its queue (the lease's) and payload
+/// (the delivery's): the dedup key only when it is not the job id's text, the default.
+const TAKE: &str = "delete from core.jobs j \
+     using unnest($1::bigint[], $2::bigint[], $3::uuid[]) as l(id, gen, job_id) \
      where j.id = l.id and j.lease_gen = l.gen and j.leased \
-     returning j.id, j.queue, j.dedup_key, j.tenant_id, j.deliveries, j.created_at, j.lane";
+     returning j.id, nullif(j.dedup_key, l.job_id::text) as dedup_key, j.tenant_id, \
+         j.deliveries, j.created_at, j.lane";
 
 /// The taken rows as one row of arrays, in one order ([`TakenRows`]).
 const TAKEN_ARRAYS: &str = "coalesce(array_agg(id), '{}') as ids, \
-     coalesce(array_agg(queue), '{}') as queues, \
      coalesce(array_agg(dedup_key), '{}') as keys, \
      coalesce(array_agg(tenant_id), '{}') as tenants, \
      coalesce(array_agg(deliveries), '{}') as deliveries, \
@@ -780,44 +794,42 @@ static HOLD_AND_CLAIM: LazyLock<String> = LazyLock::new(|| {
 #[derive(sqlx::FromRow)]
 struct TakenRows {
     ids: Vec<i64>,
-    queues: Vec<String>,
-    keys: Vec<String>,
+    keys: Vec<Option<String>>,
     tenants: Vec<Option<Uuid>>,
     deliveries: Vec<i32>,
     created: Vec<DateTime<Utc>>,
     lanes: Vec<Option<Uuid>>,
 }
 
-/// Keeps the rows `taken` in `tx` until they are settled; returns their ids.
-fn keep_taken(tx: &mut PgWorkTx, taken: TakenRows) -> HashSet<i64> {
+/// Keeps the rows `taken` in `tx` until they are settled, with their job ids from `jobs` (row
+/// id, job id); returns their ids.
+fn keep_taken(tx: &mut PgWorkTx, taken: TakenRows, jobs: &[(i64, JobId)]) -> HashSet<i64> {
     let TakenRows {
         ids,
-        queues,
         keys,
         tenants,
         deliveries,
         created,
         lanes,
     } = taken;
-    let rows = queues
+    let rows = keys
         .into_iter()
-        .zip(keys)
         .zip(tenants)
         .zip(deliveries)
         .zip(created)
         .zip(lanes);
-    for (&id, (((((queue, dedup_key), tenant_id), deliveries), created_at), lane)) in
-        ids.iter().zip(rows)
-    {
-        let taken = Taken {
-            queue,
+    tx.taken.clear();
+    for (&id, ((((dedup_key, tenant_id), deliveries), created_at), lane)) in ids.iter().zip(rows) {
+        let job_id = jobs.iter().find(|(row, _)| *row == id).map(|(_, job)| *job);
+        tx.taken.push(Taken {
+            id,
             dedup_key,
+            job_id,
             tenant_id,
             deliveries,
             created_at,
             lane,
-        };
-        tx.taken.insert(id, taken);
+        });
     }
     ids.into_iter().collect()
 }
@@ -830,7 +842,7 @@ struct PutBack<'a> {
     visible: Vec<DateTime<Utc>>,
     deliveries: Vec<i32>,
     payloads: Vec<&'a [u8]>,
-    queues: Vec<String>,
+    queues: Vec<&'a str>,
     keys: Vec<String>,
     tenants: Vec<Option<Uuid>>,
     created: Vec<DateTime<Utc>>,

@@ -1,6 +1,6 @@
 //! The work transaction.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::SystemTime;
@@ -30,17 +30,21 @@ pub struct PgWorkTx {
     touched: bool,
     /// The checkpoint's savepoint exists.
     savepoint: bool,
-    /// The messages of `core.jobs` a group took in this transaction and has not settled yet,
-    /// by row id: the commit is refused while one is left.
-    pub(crate) taken: HashMap<i64, Taken>,
+    /// The messages of `core.jobs` a group took in this transaction and has not settled yet:
+    /// the commit is refused while one is left.
+    pub(crate) taken: Vec<Taken>,
 }
 
 /// A message a group took out of `core.jobs` (deleted in its transaction, so acked when it
 /// commits), with what it takes to put it back for a retry or a deferral.
 #[cfg_attr(not(feature = "queue"), allow(dead_code))]
 pub(crate) struct Taken {
-    pub(crate) queue: String,
-    pub(crate) dedup_key: String,
+    /// Its row id.
+    pub(crate) id: i64,
+    /// Its dedup key: `None` when it is `job_id`'s text, the default.
+    pub(crate) dedup_key: Option<String>,
+    /// The job id the runtime gave with its lease, if it did.
+    pub(crate) job_id: Option<JobId>,
     pub(crate) tenant_id: Option<Uuid>,
     pub(crate) deliveries: i32,
     pub(crate) created_at: chrono::DateTime<chrono::Utc>,
@@ -105,7 +109,7 @@ impl PgWorkTx {
             tx,
             touched: false,
             savepoint: false,
-            taken: HashMap::new(),
+            taken: Vec::new(),
         }
     }
 

@@ -243,11 +243,13 @@ async fn hold_and_claim_claims_only_the_jobs_whose_leases_hold() {
         let consumer = ConsumerName::try_from("group.consumer").expect("valid");
         let q = name("group.claims");
         let envelopes: Vec<_> = (0..4).map(|n| fixtures::envelope(1, n)).collect();
-        for envelope in &envelopes {
-            queue
-                .publish(&q, envelope, PublishOptions::default())
-                .await
-                .expect("publish");
+        for (i, envelope) in envelopes.iter().enumerate() {
+            // Job 3 carries a key of its own; the others are keyed by their job ids.
+            let opts = match i {
+                3 => PublishOptions::default().dedup_key("invoice-3"),
+                _ => PublishOptions::default(),
+            };
+            queue.publish(&q, envelope, opts).await.expect("publish");
         }
         let first = queue.receive(&q, 4, LEASE).await.expect("receive");
         let job = |i: usize| envelopes[i].job_id;
@@ -277,9 +279,33 @@ async fn hold_and_claim_claims_only_the_jobs_whose_leases_hold() {
             ],
             "a lease not held claims nothing; the others answer as claim_all does"
         );
-        let acks: Vec<_> = (1..4).map(|i| (&first[i], Settlement::Ack)).collect();
-        queue.settle(&mut tx, &acks).await.expect("settle");
+        // Jobs 2 and 3 go back, keeping their keys.
+        let later = clock.now() + Duration::from_secs(600);
+        let settlements = [
+            (&first[1], Settlement::Ack),
+            (&first[2], Settlement::RetryAt(later)),
+            (&first[3], Settlement::Defer(later)),
+        ];
+        queue.settle(&mut tx, &settlements).await.expect("settle");
         tx.commit().await.expect("commit");
+        let keys: Vec<String> =
+            sqlx::query_scalar("select dedup_key from core.jobs where not leased order by id")
+                .fetch_all(queue.pool())
+                .await
+                .expect("keys");
+        assert_eq!(keys, [job(2).to_string(), "invoice-3".to_owned()]);
+        let again = queue
+            .publish(
+                &q,
+                &envelopes[3],
+                PublishOptions::default().dedup_key("invoice-3"),
+            )
+            .await
+            .expect("publish");
+        assert!(
+            again.duplicate,
+            "the key still dedups while the job is pending: {again:?}"
+        );
         let claimed: Vec<sqlx::types::Uuid> = sqlx::query_scalar(
             "select job_id from core.processed_jobs where consumer = $1 order by job_id",
         )
