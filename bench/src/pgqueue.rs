@@ -13,8 +13,10 @@
 //!   `RERUNNABLE`. The raw side leases a batch with the queue's own lease statement, then
 //!   in one transaction claims the batch in `core.processed_jobs`, runs one prepared
 //!   single-row insert per job (`insert` shapes), deletes the batch and commits, on as many
-//!   connections as the runtime runs groups; once with batches of the runtime's group size
-//!   (the ratio's baseline) and once with batches of 100;
+//!   connections as the runtime runs groups; once with batches of the size of the runtime's
+//!   groups for the shape (the ratio's baseline: `group_size`, or one more than the store's
+//!   checkpoint budget for a handler that writes and is not rerunnable) and once with
+//!   batches of 100; `JOBS_BENCH_GROUP_SIZE` sets `group_size`;
 //! - **CPU per job**: beside each drain row, the microseconds of CPU the client (this process)
 //!   and the server (every `postgres` process) spent per job, read from `/proc`: on a
 //!   machine whose cores client and server share, the ratio follows these sums;
@@ -31,7 +33,9 @@ use anyhow::{Context, Result};
 use async_trait::async_trait;
 use jobs_adapter_postgres::{LEASE_STATEMENT, NewJob, PgQueue, PgStore, PgWorkTx};
 use jobs_consumers::{Handler, Job, JobError, QueuePolicy, RetryPolicy, Worker, WorkerConfig};
-use jobs_core::{ConsumerName, Envelope, PublishOptions, QueueName};
+use jobs_core::{
+    ConsumerName, Envelope, GroupTransaction, PublishOptions, QueueName, WorkStore, WorkTransaction,
+};
 use serde::Deserialize;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgListener};
@@ -101,6 +105,30 @@ impl Shape {
     fn inserts(self) -> bool {
         self != Shape::Noop
     }
+
+    /// The groups the runtime runs this shape in, configured for `group`: a group whose jobs
+    /// write and may not run again takes a checkpoint per job, so it holds at most one job
+    /// more than the transaction's `budget` of them ([`WorkerConfig::group_size`]); the raw
+    /// side's first batch size.
+    fn group(self, group: usize, budget: usize) -> usize {
+        if self.inserts() && !self.rerunnable() {
+            group.min(budget.saturating_add(1))
+        } else {
+            group
+        }
+    }
+}
+
+/// The checkpoints a work transaction of `PgStore` takes at most.
+async fn checkpoint_budget(options: &PgConnectOptions) -> Result<usize> {
+    let pool = PgStore::pool_options(1)
+        .connect_with(options.clone())
+        .await?;
+    let tx = PgStore::from_pool(pool.clone()).begin().await?;
+    let budget = tx.checkpoint_budget();
+    tx.rollback().await?;
+    pool.close().await;
+    Ok(budget)
 }
 
 pub(crate) fn run(jobs: Option<&str>) -> Result<()> {
@@ -120,6 +148,16 @@ pub(crate) fn run(jobs: Option<&str>) -> Result<()> {
 fn selected(shape: &str) -> bool {
     std::env::var("JOBS_BENCH_SHAPES")
         .map_or(true, |shapes| shapes.split(',').any(|s| s.trim() == shape))
+}
+
+/// `JOBS_BENCH_GROUP_SIZE`, else the runtime's default group size: the runtime's groups and
+/// the raw side's first batch size.
+fn group_size() -> Result<usize> {
+    let default = WorkerConfig::default().group_size as u64;
+    Ok(usize::try_from(support::count(
+        "JOBS_BENCH_GROUP_SIZE",
+        default,
+    )?)?)
 }
 
 /// Whether `JOBS_BENCH_SIDES` (`raw`, `runtime`; comma-separated) selects `side` of the
@@ -178,7 +216,8 @@ fn concurrencies() -> Result<Vec<usize>> {
 }
 
 async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
-    let group = WorkerConfig::default().group_size;
+    let group = group_size()?;
+    let budget = checkpoint_budget(options).await?;
     let concurrencies = concurrencies()?;
     println!(
         "PostgreSQL queue, {jobs} jobs per run, best of {ROUNDS} alternating rounds; \
@@ -214,19 +253,21 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
     }
 
     println!(
-        "\n{:>15}  {:>11}  {:>12}  {:>12}  {:>10}  {:>6}  {:>6}  {:>17}  {:>17}",
+        "\n{:>25}  {:>11}  {:>5}  {:>13}  {:>12}  {:>10}  {:>6}  {:>6}  {:>18}  {:>18}",
         "drain shape",
         "concurrency",
-        format!("raw {group}/tx /s"),
+        "group",
+        "raw group/s",
         format!("raw {RAW_BATCH}/tx /s"),
         "runtime/s",
         "ratio",
         format!("vs {RAW_BATCH}"),
-        format!("raw {group} cpu µs/job"),
+        "raw cpu µs/job",
         "runtime cpu µs/job",
     );
     for shape in Shape::ALL.into_iter().filter(|s| selected(s.name())) {
         for &concurrency in &concurrencies {
+            let group = shape.group(group, budget);
             let pool = pool(options, concurrency).await?;
             let store = PgStore::from_pool(pool.clone());
             let queue = PgQueue::new(pool.clone());
@@ -268,7 +309,7 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
             }
             reset(&pool).await?;
             println!(
-                "{:>15}  {concurrency:>11}  {:>12.0}  {:>12.0}  {:>10.0}  {:>6.2}  {:>6.2}  {:>17}  {:>17}",
+                "{:>25}  {concurrency:>11}  {group:>5}  {:>13.0}  {:>12.0}  {:>10.0}  {:>6.2}  {:>6.2}  {:>18}  {:>18}",
                 shape.name(),
                 raw_group.rate,
                 raw_100.rate,
@@ -358,6 +399,7 @@ fn worker<H: Handler<PgWorkTx>>(
 ) -> Result<Arc<Worker<PgStore>>> {
     let mut config = WorkerConfig::default();
     config.concurrency = concurrency;
+    config.group_size = group_size()?;
     let name: QueueName = QUEUE.parse()?;
     let fast = RetryPolicy::new(5, Duration::from_millis(1), Duration::from_millis(10))?;
     let policy = QueuePolicy::new(name.clone(), fast, "a benchmark: retries at once")?;

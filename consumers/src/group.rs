@@ -335,6 +335,9 @@ where
         // runtime's own after a failure (a released claim, a dead letter).
         let mut dirty = second;
         let mut checkpointed = false;
+        let (budget, mut checkpoints) = (tx.checkpoint_budget(), 0usize);
+        // The jobs that would have needed a checkpoint past the budget: given back, unrun.
+        let mut given_back = Vec::new();
         for (i, claim) in live_claims {
             let member = &mut members[i];
             if claim != Claim::Claimed {
@@ -348,7 +351,14 @@ where
                 continue;
             }
             if careful && dirty {
+                if checkpoints >= budget {
+                    // Out of checkpoints: it waits for another group, its attempt unspent.
+                    member.decided = Some(Decided::Deferred(self.clock.now()));
+                    given_back.push(member.job_id);
+                    continue;
+                }
                 tx.checkpoint().await?;
+                checkpoints += 1;
                 (dirty, checkpointed) = (false, true);
             }
             let prepared = match member.prepared.take() {
@@ -387,6 +397,10 @@ where
             }
             dirty |= self.redo(tx, member).await?;
         }
+        if !given_back.is_empty() {
+            tx.unclaim_all(&given_back, &self.consumer).await?;
+        }
+        self.fit_groups(checkpoints, budget, !given_back.is_empty());
         let settlements: Vec<(&Delivery, Settlement)> = live
             .iter()
             .filter_map(|&i| {

@@ -166,7 +166,12 @@ pub struct WorkerConfig {
     pub decode_limits: DecodeLimits,
     /// In grouped mode ([`WorkerBuilder::grouped`]), the most jobs one work transaction
     /// carries (1 to [`MAX_GROUP_SIZE`]). Larger groups commit less often; each job of a group
-    /// waits for the ones before it, since they share one connection.
+    /// waits for the ones before it, since they share one connection. A group whose jobs
+    /// write needs a checkpoint per job, and a transaction takes only so many
+    /// ([`GroupTransaction::checkpoint_budget`](jobs_core::GroupTransaction::checkpoint_budget),
+    /// 31 on PostgreSQL): past them a group gives its other jobs back, unrun and their attempts
+    /// unspent, and the next groups are made that much smaller, growing back while they need
+    /// fewer.
     pub group_size: usize,
     /// In grouped mode, how long a group that found fewer than `group_size` jobs ready waits
     /// for more before it starts. Zero by default: a job published to an idle worker starts at
@@ -174,8 +179,8 @@ pub struct WorkerConfig {
     pub group_linger: Duration,
 }
 
-/// The largest group: PostgreSQL keeps the subtransactions of 64 savepoints per backend in
-/// shared memory and spills to disk past that, which slows every session's snapshots.
+/// The largest group: its jobs run one after another on one connection and its rows stay
+/// locked until its commit, so a larger one mostly makes its jobs wait.
 pub const MAX_GROUP_SIZE: usize = 64;
 
 /// The shortest lease a worker accepts.
@@ -205,7 +210,7 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_millis(500),
             shutdown_grace: Duration::from_secs(30),
             decode_limits: DecodeLimits::default(),
-            group_size: 32,
+            group_size: 64,
             group_linger: Duration::ZERO,
         }
     }
@@ -221,7 +226,7 @@ impl WorkerConfig {
     /// | `handler_timeout` | 60 s | above zero, and (like every kind's own) no longer than the transport holds a delivery ([`LeaseLimits::per_delivery`]) |
     /// | `poll_interval` | 500 ms | above zero |
     /// | `shutdown_grace` | 30 s | any |
-    /// | `group_size` | 32 | 1 to [`MAX_GROUP_SIZE`] when grouped |
+    /// | `group_size` | 64 | 1 to [`MAX_GROUP_SIZE`] when grouped |
     /// | `group_linger` | 0 | any |
     fn check(&self) -> Result<(), WorkerError> {
         let refuse = |field: &str, value: String, why: &str| {
@@ -599,6 +604,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             group_size = self.groups.as_ref().map(|_| self.config.group_size),
             "worker built"
         );
+        let group_limit = std::sync::atomic::AtomicUsize::new(self.config.group_size);
         let labels = (self.handlers.keys())
             .map(|kind| (kind.clone(), metric_labels(&self.queue, kind)))
             .collect();
@@ -622,6 +628,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             born: tokio::time::Instant::now(),
             turned_ms: std::sync::atomic::AtomicU64::new(0),
             span: std::sync::OnceLock::new(),
+            group_limit,
             store_failures: std::sync::atomic::AtomicU32::new(0),
         })
     }
@@ -706,6 +713,9 @@ pub struct Worker<S: WorkStore> {
     turned_ms: std::sync::atomic::AtomicU64,
     /// The parent of its jobs' spans ([`Worker::job_span`]), made at the first job.
     span: std::sync::OnceLock<tracing::Span>,
+    /// The size of the next groups: `group_size`, or less while groups run out of their
+    /// transaction's checkpoints ([`Worker::fit_groups`]).
+    group_limit: std::sync::atomic::AtomicUsize,
 }
 
 /// What a [`Worker::run`] left behind when it stopped, for the line a process logs at exit.
@@ -879,7 +889,7 @@ where
                     .into();
                 let mut outcomes = Vec::with_capacity(buffer.len());
                 while !buffer.is_empty() {
-                    let group = next_group(&mut buffer, self.config.group_size);
+                    let group = next_group(&mut buffer, self.group_limit());
                     outcomes.extend(groups.run(self, group).await);
                 }
                 outcomes
@@ -999,10 +1009,9 @@ where
         groups: Arc<dyn Groups<S>>,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Drained {
-        let size = self.config.group_size;
         let permits = Arc::new(Semaphore::new(self.config.concurrency));
         let mut in_flight = JoinSet::new();
-        let mut buffer = VecDeque::with_capacity(2 * size);
+        let mut buffer = VecDeque::with_capacity(2 * self.config.group_size);
         let mut shutdown = std::pin::pin!(shutdown);
         let mut fetching: Option<BoxFuture<'static, Result<Vec<Delivery>, QueueError>>> = None;
         // After an empty or failed fetch: the wake-up or the poll before the next.
@@ -1045,6 +1054,7 @@ where
                 most = 1;
                 continue;
             }
+            let size = self.group_limit();
             if fetching.is_none() && waiting.is_none() && suspect.is_none() && buffer.len() < size {
                 let room = (permits.available_permits() + 1)
                     .saturating_mul(size)
@@ -1086,7 +1096,7 @@ where
                 _ = turn.tick() => {}
                 permit = permits.clone().acquire_owned(), if !buffer.is_empty() => {
                     let Ok(permit) = permit else { break };
-                    let group = next_group(&mut buffer, size);
+                    let group = next_group(&mut buffer, self.group_limit());
                     let (worker, groups) = (self.clone(), groups.clone());
                     in_flight.spawn(async move {
                         groups.run(&worker, group).await;
@@ -1294,6 +1304,33 @@ where
             finished,
             abandoned,
             given_back: 0,
+        }
+    }
+
+    /// The size of the next group.
+    fn group_limit(&self) -> usize {
+        self.group_limit.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sizes the next groups after one whose transaction took `taken` of its `budget` of
+    /// checkpoints: a group that `ran_out` gave jobs back, so the next ones hold one job more
+    /// than the budget (the first job to write needs none); groups that used at most half of
+    /// it grow again, twice as large each time, up to `group_size`. A steady stream of jobs
+    /// that write settles at the budget's size, one that writes nothing at `group_size`.
+    pub(crate) fn fit_groups(&self, taken: usize, budget: usize, ran_out: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let size = self.config.group_size;
+        if ran_out {
+            let fits = budget.saturating_add(1).min(size);
+            if self.group_limit.swap(fits, Relaxed) != fits {
+                tracing::debug!(queue = %self.queue, size = fits, "a group ran out of checkpoints; the next groups are smaller");
+            }
+        } else if taken.saturating_mul(2) <= budget {
+            let limit = self.group_limit();
+            if limit < size {
+                self.group_limit
+                    .store(limit.saturating_mul(2).min(size), Relaxed);
+            }
         }
     }
 

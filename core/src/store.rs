@@ -114,6 +114,13 @@ pub trait GroupTransaction: WorkTransaction {
     /// further. Replaces the previous checkpoint.
     async fn checkpoint(&mut self) -> Result<(), StoreError>;
 
+    /// The most [`checkpoint`](Self::checkpoint)s one transaction should take: an engine whose
+    /// checkpoints cost past some count (PostgreSQL's savepoints) says so, and a group gives
+    /// back the jobs it could not run within it. Unbounded by default.
+    fn checkpoint_budget(&self) -> usize {
+        usize::MAX
+    }
+
     /// Discards every write since the last [`checkpoint`](Self::checkpoint), and recovers the
     /// transaction if one of those writes failed. Without a checkpoint it fails.
     async fn undo(&mut self) -> Result<(), StoreError>;
@@ -121,6 +128,19 @@ pub trait GroupTransaction: WorkTransaction {
     /// Deletes the claim of `(job_id, consumer)` taken in this transaction, so that a job that
     /// failed and will be retried is not skipped as processed.
     async fn unclaim(&mut self, job_id: JobId, consumer: &ConsumerName) -> Result<(), StoreError>;
+
+    /// [`unclaim`](Self::unclaim) for every job of `job_ids`, in one statement where the engine
+    /// allows.
+    async fn unclaim_all(
+        &mut self,
+        job_ids: &[JobId],
+        consumer: &ConsumerName,
+    ) -> Result<(), StoreError> {
+        for &job_id in job_ids {
+            self.unclaim(job_id, consumer).await?;
+        }
+        Ok(())
+    }
 }
 
 /// Where work transactions come from.

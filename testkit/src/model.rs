@@ -321,6 +321,10 @@ impl<T: GroupTransaction> GroupTransaction for MutantTx<T> {
         self.inner.checkpoint().await
     }
 
+    fn checkpoint_budget(&self) -> usize {
+        self.inner.checkpoint_budget()
+    }
+
     async fn undo(&mut self) -> Result<(), StoreError> {
         self.stats.undone.fetch_add(1, Ordering::Relaxed);
         if self.mutant == Mutant::NoUndo {
@@ -334,6 +338,17 @@ impl<T: GroupTransaction> GroupTransaction for MutantTx<T> {
             return Ok(());
         }
         self.inner.unclaim(job_id, consumer).await
+    }
+
+    async fn unclaim_all(
+        &mut self,
+        job_ids: &[JobId],
+        consumer: &ConsumerName,
+    ) -> Result<(), StoreError> {
+        if self.mutant == Mutant::KeepClaim {
+            return Ok(());
+        }
+        self.inner.unclaim_all(job_ids, consumer).await
     }
 }
 

@@ -59,6 +59,13 @@ const NEXT_CHECKPOINT: &str = "release savepoint jobs_checkpoint; savepoint jobs
 /// [`GroupTransaction::undo`].
 const UNDO: &str = "rollback to savepoint jobs_checkpoint";
 
+/// [`GroupTransaction::checkpoint_budget`]: a backend keeps the ids of 64 subtransactions in
+/// shared memory, and past that every session's snapshots consult `pg_subtrans` on disk
+/// (the "suboverflow" that slows a whole database). A checkpoint that a job writes after is
+/// one subtransaction; the runtime's take at most half, leaving the rest to handlers' own
+/// savepoints.
+const MAX_CHECKPOINTS: usize = 31;
+
 impl PgWorkTx {
     /// The claims of `job_ids` for `consumer`, given those `claimed` just now: the others were
     /// settled before, and a second statement tells a dead letter waiting for review from a
@@ -284,6 +291,10 @@ impl GroupTransaction for PgWorkTx {
         std::mem::take(&mut self.touched)
     }
 
+    fn checkpoint_budget(&self) -> usize {
+        MAX_CHECKPOINTS
+    }
+
     /// `savepoint`, or `release savepoint` of the last checkpoint and a new `savepoint` in one
     /// round trip.
     async fn checkpoint(&mut self) -> Result<(), StoreError> {
@@ -319,6 +330,21 @@ impl GroupTransaction for PgWorkTx {
             .execute(self.own())
             .await
             .map_err(|e| store_error("release a claim in core.processed_jobs", e))?;
+        Ok(())
+    }
+
+    async fn unclaim_all(
+        &mut self,
+        job_ids: &[JobId],
+        consumer: &ConsumerName,
+    ) -> Result<(), StoreError> {
+        let ids: Vec<Uuid> = job_ids.iter().map(|id| id.as_uuid()).collect();
+        sqlx::query("delete from core.processed_jobs where job_id = any($1) and consumer = $2")
+            .bind(&ids)
+            .bind(consumer.as_str())
+            .execute(self.own())
+            .await
+            .map_err(|e| store_error("release claims in core.processed_jobs", e))?;
         Ok(())
     }
 }
