@@ -18,6 +18,7 @@
 //! attempt.
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Instant, SystemTime};
 
 use futures_util::future::BoxFuture;
@@ -207,12 +208,31 @@ where
         members: Vec<Member<S::Tx>>,
         outcomes: &mut [Option<Outcome>],
     ) -> Vec<Member<S::Tx>> {
-        let readiness = members.iter().map(|member| {
+        // Most handlers are ready at once: each readiness is polled once here, and only the
+        // ones still waiting are awaited together.
+        let mut readiness = Vec::with_capacity(members.len());
+        let mut waiting = Vec::new();
+        for (i, member) in members.iter().enumerate() {
             let prepared = member.prepared.as_deref().expect("prepared until it runs");
-            ready_bounded(prepared, self.time_limit(&member.kind), &member.cancel)
-                .instrument(member.span.clone())
-        });
-        let readiness = futures_util::future::join_all(readiness).await;
+            let mut ready = Box::pin(
+                ready_bounded(prepared, self.time_limit(&member.kind), &member.cancel)
+                    .instrument(member.span.clone()),
+            );
+            let first = std::future::poll_fn(|cx| Poll::Ready(ready.as_mut().poll(cx))).await;
+            match first {
+                Poll::Ready(result) => readiness.push(Some(result)),
+                Poll::Pending => {
+                    readiness.push(None);
+                    waiting.push(async move { (i, ready.await) });
+                }
+            }
+        }
+        for (i, result) in futures_util::future::join_all(waiting).await {
+            readiness[i] = Some(result);
+        }
+        let readiness = readiness
+            .into_iter()
+            .map(|result| result.expect("every readiness was awaited"));
         let mut ready = Vec::with_capacity(members.len());
         for (member, readiness) in members.into_iter().zip(readiness) {
             match readiness {
@@ -511,6 +531,7 @@ where
     /// After the commit: the outcomes, with their metrics, logs and alerts.
     async fn announce(&self, members: Vec<Member<S::Tx>>) -> Vec<(usize, Outcome)> {
         let mut outcomes = Vec::with_capacity(members.len());
+        let mut tally = Tally::default();
         for member in members {
             let kind = &member.kind;
             let outcome = match member.decided {
@@ -525,15 +546,15 @@ where
                     }
                 }
                 Some(Decided::Processed { .. }) => {
-                    self.count("jobs_processed_total", kind);
+                    tally.add("jobs_processed_total", kind);
                     Outcome::Processed
                 }
                 Some(Decided::Duplicate) => {
-                    self.count("jobs_duplicate_skipped_total", kind);
+                    tally.add("jobs_duplicate_skipped_total", kind);
                     Outcome::Duplicate
                 }
                 Some(Decided::Retrying(at)) => {
-                    self.count("jobs_retried_total", kind);
+                    tally.add("jobs_retried_total", kind);
                     Outcome::Retrying { at }
                 }
                 Some(Decided::Deferred(until)) => Outcome::Deferred { until },
@@ -568,6 +589,22 @@ where
                 .in_scope(|| tracing::debug!(?outcome, "delivery settled"));
             outcomes.push((member.index, outcome));
         }
+        for (name, kind, n) in tally.0 {
+            self.count_n(name, &kind, n);
+        }
         outcomes
+    }
+}
+
+/// A group's counts per counter and kind, so that each is incremented once per group.
+#[derive(Default)]
+struct Tally(Vec<(&'static str, Kind, u64)>);
+
+impl Tally {
+    fn add(&mut self, name: &'static str, kind: &Kind) {
+        match (self.0.iter_mut()).find(|(n, k, _)| *n == name && k == kind) {
+            Some((_, _, count)) => *count += 1,
+            None => self.0.push((name, kind.clone(), 1)),
+        }
     }
 }

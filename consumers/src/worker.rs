@@ -1868,7 +1868,12 @@ where
 
     /// Counts one job of `kind` in the counter `name`.
     pub(crate) fn count(&self, name: &'static str, kind: &Kind) {
-        metrics::counter!(name, self.labels(kind)).increment(1);
+        self.count_n(name, kind, 1);
+    }
+
+    /// Counts `n` jobs of `kind` in the counter `name`.
+    pub(crate) fn count_n(&self, name: &'static str, kind: &Kind, n: u64) {
+        metrics::counter!(name, self.labels(kind)).increment(n);
     }
 
     /// Records the handler's time for a job of `kind` that started at `started`.

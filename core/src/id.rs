@@ -49,18 +49,47 @@ pub enum UuidError {
     },
 }
 
-/// Checks the 8-4-4-4-12 shape and returns the version and variant characters.
-fn shape(s: &str) -> Result<(char, char), UuidError> {
+/// The value of each hex digit byte; `0xFF` for any other byte.
+const HEX: [u8; 256] = {
+    let mut table = [0xFF; 256];
+    let mut c = 0;
+    while c < 10 {
+        table[b'0' as usize + c] = c as u8;
+        c += 1;
+    }
+    let mut c = 0;
+    while c < 6 {
+        table[b'a' as usize + c] = 10 + c as u8;
+        table[b'A' as usize + c] = 10 + c as u8;
+        c += 1;
+    }
+    table
+};
+
+/// Reads the 8-4-4-4-12 hyphenated hex form in one pass: the UUID, and its version and variant
+/// characters for the caller's checks.
+fn shape(s: &str) -> Result<(Uuid, char, char), UuidError> {
     let b = s.as_bytes();
-    let ok = b.len() == 36
-        && b.iter().enumerate().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => *c == b'-',
-            _ => c.is_ascii_hexdigit(),
-        });
-    if !ok {
+    if b.len() != 36 || b[8] != b'-' || b[13] != b'-' || b[18] != b'-' || b[23] != b'-' {
         return Err(UuidError::NotHyphenatedHex);
     }
-    Ok((char::from(b[14]), char::from(b[19])))
+    // Where each byte's two digits start, the hyphens skipped.
+    const AT: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
+    let mut bytes = [0u8; 16];
+    let mut bad = 0;
+    for (byte, at) in bytes.iter_mut().zip(AT) {
+        let (high, low) = (HEX[usize::from(b[at])], HEX[usize::from(b[at + 1])]);
+        bad |= high | low;
+        *byte = high << 4 | low;
+    }
+    if bad & 0xF0 != 0 {
+        return Err(UuidError::NotHyphenatedHex);
+    }
+    Ok((
+        Uuid::from_bytes(bytes),
+        char::from(b[14]),
+        char::from(b[19]),
+    ))
 }
 
 fn check_variant(variant: char) -> Result<(), UuidError> {
@@ -70,14 +99,9 @@ fn check_variant(variant: char) -> Result<(), UuidError> {
     }
 }
 
-fn parse_checked(s: &str) -> Uuid {
-    // `shape` has established the hyphenated hex form, which `Uuid` always parses.
-    Uuid::try_parse(s).unwrap_or_else(|_| unreachable!("validated UUID `{s}` did not parse"))
-}
-
 /// Validates `s` against [`UUIDV7_PATTERN`].
 fn parse_v7(s: &str) -> Result<Uuid, UuidError> {
-    let (version, variant) = shape(s)?;
+    let (uuid, version, variant) = shape(s)?;
     if version != '7' {
         return Err(UuidError::WrongVersion {
             expected: "7",
@@ -85,14 +109,14 @@ fn parse_v7(s: &str) -> Result<Uuid, UuidError> {
         });
     }
     check_variant(variant)?;
-    Ok(parse_checked(s))
+    Ok(uuid)
 }
 
 /// Validates `s` against [`UUID_PATTERN`].
 fn parse_any(s: &str) -> Result<Uuid, UuidError> {
-    let (version, variant) = shape(s)?;
+    let (uuid, version, variant) = shape(s)?;
     if s == NIL || s == MAX {
-        return Ok(parse_checked(s));
+        return Ok(uuid);
     }
     if !('1'..='8').contains(&version) {
         return Err(UuidError::WrongVersion {
@@ -101,7 +125,7 @@ fn parse_any(s: &str) -> Result<Uuid, UuidError> {
         });
     }
     check_variant(variant)?;
-    Ok(parse_checked(s))
+    Ok(uuid)
 }
 
 macro_rules! uuid_newtype {

@@ -472,6 +472,16 @@ proptest! {
     }
 
     #[test]
+    fn an_accepted_id_is_the_uuid_its_text_spells(s in uuid_like()) {
+        if let Ok(id) = s.parse::<jobs_core::TenantId>() {
+            prop_assert_eq!(Some(id.as_uuid()), uuid::Uuid::try_parse(&s).ok(), "{}", s);
+        }
+        if let Ok(id) = s.parse::<JobId>() {
+            prop_assert_eq!(Some(id.as_uuid()), uuid::Uuid::try_parse(&s).ok(), "{}", s);
+        }
+    }
+
+    #[test]
     fn kind_validator_agrees_with_the_schema(s in "[a-z0-9_.A-Z\\-]{0,130}|[a-z][a-z_.]{100,140}") {
         let pattern = regex::Regex::new(jobs_core::NAME_PATTERN).expect("valid regex");
         let expected = pattern.is_match(&s) && s.chars().count() <= jobs_core::MAX_NAME_LEN;
