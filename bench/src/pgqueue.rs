@@ -516,11 +516,21 @@ async fn raw_drain(
     batch: usize,
     jobs: u64,
 ) -> Result<f64> {
-    // The queue's own lease statement on `raw_jobs`, returning the dedup key (the job id)
+    // The queue's own lease statement on `raw_jobs`, answering the dedup keys (the job ids)
     // too, for the claims.
-    let lease = format!(
-        "{}, j.dedup_key",
-        LEASE_STATEMENT.replace("core.jobs", "raw_jobs")
+    let lease = LEASE_STATEMENT
+        .replace("core.jobs", "raw_jobs")
+        .replace(
+            "c.leased as expired)",
+            "c.leased as expired, j.dedup_key::uuid as job_id)",
+        )
+        .replace(
+            " from leased",
+            ", coalesce(array_agg(job_id order by id), '{}') as job_ids from leased",
+        );
+    anyhow::ensure!(
+        lease.contains("as job_ids") && lease.contains("as job_id)"),
+        "the lease statement changed: teach the raw side its new form"
     );
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -531,22 +541,18 @@ async fn raw_drain(
             let mut conn = pool.acquire().await?;
             while done.load(Ordering::Relaxed) < jobs {
                 let now = sqlx::types::chrono::Utc::now();
-                let rows = sqlx::query(&lease)
+                let row = sqlx::query(&lease)
                     .bind(QUEUE)
                     .bind(now)
                     .bind(now + Duration::from_secs(60))
                     .bind(i64::try_from(batch)?)
-                    .fetch_all(&mut *conn)
+                    .fetch_one(&mut *conn)
                     .await?;
-                if rows.is_empty() {
+                let ids: Vec<i64> = row.try_get("ids")?;
+                let job_ids: Vec<Uuid> = row.try_get("job_ids")?;
+                if ids.is_empty() {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     continue;
-                }
-                let mut ids = Vec::with_capacity(rows.len());
-                let mut job_ids = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    ids.push(row.try_get::<i64, _>(0)?);
-                    job_ids.push(Uuid::parse_str(row.try_get::<&str, _>("dedup_key")?)?);
                 }
                 let mut tx = sqlx::Acquire::begin(&mut *conn).await?;
                 sqlx::query(
@@ -571,7 +577,7 @@ async fn raw_drain(
                     .execute(&mut *tx)
                     .await?;
                 tx.commit().await?;
-                done.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                done.fetch_add(ids.len() as u64, Ordering::Relaxed);
             }
             Ok::<(), anyhow::Error>(())
         });

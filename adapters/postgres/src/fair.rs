@@ -229,7 +229,7 @@ impl PgQueue {
                 lane.cursor = (cursor.0, cursor.1.unwrap_or(0));
             }
         }
-        deliveries(queue, rows, Some(6))
+        deliveries(queue, rows, 6)
     }
 }
 

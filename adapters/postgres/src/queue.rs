@@ -394,17 +394,62 @@ impl PgQueue {
 /// effect of a lease (a group's commit, an ack) is a later synchronous commit, whose flush
 /// makes the lease durable first. A worker's crash loses nothing of it.
 ///
-/// It answers per job its id, payload, deliveries, lease generation, lease end, and whether
-/// it was leased before (a lease that expired unsettled: [`Delivery::expired`]). It fetches
-/// the rows without a lane: a fair queue's rows have one, and `core.lease_fair` fetches them.
+/// It answers in one row, as arrays in id order (insertion order, which is also the fetch
+/// order among rows due at the same time), each job's id, payload, deliveries, lease
+/// generation, and whether it was leased before (a lease that expired unsettled:
+/// [`Delivery::expired`]); every lease ends at `$3`. One row of arrays, rather than a row per
+/// job, costs the client a fraction of the decoding. It fetches the rows without a lane: a
+/// fair queue's rows have one, and `core.lease_fair` fetches them.
 pub const LEASE_STATEMENT: &str = "with async_commit as \
-         (select set_config('synchronous_commit', 'off', true)) \
-     update core.jobs j set leased = true, visible_at = $3, \
+         (select set_config('synchronous_commit', 'off', true)), \
+     leased as (update core.jobs j set leased = true, visible_at = $3, \
          deliveries = j.deliveries + 1, lease_gen = j.lease_gen + 1 \
      from (select id, leased from core.jobs where queue = $1 and lane is null and visible_at <= $2 \
            order by visible_at, id limit $4 for update skip locked) as c, async_commit \
      where j.id = c.id \
-     returning j.id, j.payload, j.deliveries, j.lease_gen, j.visible_at, c.leased as expired";
+     returning j.id, j.payload, j.deliveries, j.lease_gen, c.leased as expired) \
+     select coalesce(array_agg(id order by id), '{}') as ids, \
+         coalesce(array_agg(payload order by id), '{}') as payloads, \
+         coalesce(array_agg(deliveries order by id), '{}') as deliveries, \
+         coalesce(array_agg(lease_gen order by id), '{}') as generations, \
+         coalesce(array_agg(expired order by id), '{}') as expired \
+     from leased";
+
+/// [`LEASE_STATEMENT`]'s answer.
+#[derive(sqlx::FromRow)]
+struct Leased {
+    ids: Vec<i64>,
+    payloads: Vec<Vec<u8>>,
+    deliveries: Vec<i32>,
+    generations: Vec<i64>,
+    expired: Vec<bool>,
+}
+
+impl Leased {
+    /// The deliveries of queue `queue`, each lease ending at `until`, in id order.
+    fn deliveries(self, queue: &QueueName, until: SystemTime) -> Vec<Delivery> {
+        let Leased {
+            ids,
+            payloads,
+            deliveries,
+            generations,
+            expired,
+        } = self;
+        let rows = payloads
+            .into_iter()
+            .zip(deliveries)
+            .zip(generations)
+            .zip(expired);
+        ids.into_iter()
+            .zip(rows)
+            .map(|(id, (((payload, attempt), generation), expired))| {
+                let lease = Lease::new(queue.clone(), token(id, generation), until);
+                let attempt = u32::try_from(attempt).unwrap_or(0);
+                Delivery::new(payload, attempt, Some(id.to_string()), lease).after_expiry(expired)
+            })
+            .collect()
+    }
+}
 
 /// The guard of every settlement: this delivery's generation, leased, lease not expired.
 macro_rules! fenced {
@@ -431,21 +476,19 @@ fn parse_token(token: &str) -> Option<(i64, i64)> {
     Some((id.parse().ok()?, generation.parse().ok()?))
 }
 
-/// The deliveries of leased `rows` (id, payload, deliveries, generation, lease end, expired),
-/// in the order of column `order` when given (an integer), else of their ids.
+/// The deliveries of rows the fair fetch leased (id, payload, deliveries, generation, lease
+/// end, expired), in the order of the integer column `order`: the order its rounds served
+/// them.
 pub(crate) fn deliveries(
     queue: &QueueName,
     rows: Vec<PgRow>,
-    order: Option<usize>,
+    order: usize,
 ) -> Result<Vec<Delivery>, QueueError> {
     let corrupt = |e: sqlx::Error| queue_error(queue, "read a leased row", e);
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
         let id: i64 = row.try_get(0).map_err(corrupt)?;
-        let key = match order {
-            Some(column) => i64::from(row.try_get::<i32, _>(column).map_err(corrupt)?),
-            None => id,
-        };
+        let key: i32 = row.try_get(order).map_err(corrupt)?;
         let payload: Vec<u8> = row.try_get(1).map_err(corrupt)?;
         let attempt: i32 = row.try_get(2).map_err(corrupt)?;
         let generation: i64 = row.try_get(3).map_err(corrupt)?;
@@ -466,8 +509,6 @@ pub(crate) fn deliveries(
             .after_expiry(expired),
         ));
     }
-    // In insertion order, which is also the fetch order among rows due at the same time, or
-    // in the order the fair fetch's rounds served them.
     out.sort_by_key(|(key, _)| *key);
     Ok(out.into_iter().map(|(_, d)| d).collect())
 }
@@ -502,15 +543,21 @@ impl PullPort for PgQueue {
             return self.lease_fair(queue, list, max, lease).await;
         }
         let now = self.clock.now();
-        let rows = sqlx::query(LEASE_STATEMENT)
+        let until = timestamp(queue, later(queue, now, lease, "lease")?)?;
+        let leased: Leased = sqlx::query_as(LEASE_STATEMENT)
             .bind(queue.as_str())
             .bind(timestamp(queue, now)?)
-            .bind(timestamp(queue, later(queue, now, lease, "lease")?)?)
+            .bind(until)
             .bind(i64::try_from(max).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
+            .fetch_one(&self.pool)
             .await
             .map_err(|e| queue_error(queue, "lease jobs from core.jobs", e))?;
-        deliveries(queue, rows, None)
+        // The lease's end as the database keeps it, to the microsecond.
+        let until = from_timestamp(until).map_err(|e| QueueError::Rejected {
+            queue: queue.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(leased.deliveries(queue, until))
     }
 
     /// Resolves at the next `core_jobs` notification for `queue` (a committed insert), or one
