@@ -30,7 +30,9 @@ use tracing::Instrument;
 
 use crate::handler::{Canceller, JobError, Prepared};
 use crate::retry::Backoff;
-use crate::worker::{DeadReason, Outcome, Ready, Salvage, Worker, ready_bounded, run_bounded};
+use crate::worker::{
+    Counted, DeadReason, Outcome, Ready, Salvage, Worker, ready_bounded, run_bounded,
+};
 
 /// The grouped mode of a worker, with the queue's type erased: built by
 /// [`WorkerBuilder::grouped`](crate::WorkerBuilder::grouped) where the bounds are known.
@@ -546,15 +548,15 @@ where
                     }
                 }
                 Some(Decided::Processed { .. }) => {
-                    tally.add("jobs_processed_total", kind);
+                    tally.add(Counted::Processed, kind);
                     Outcome::Processed
                 }
                 Some(Decided::Duplicate) => {
-                    tally.add("jobs_duplicate_skipped_total", kind);
+                    tally.add(Counted::Duplicate, kind);
                     Outcome::Duplicate
                 }
                 Some(Decided::Retrying(at)) => {
-                    tally.add("jobs_retried_total", kind);
+                    tally.add(Counted::Retried, kind);
                     Outcome::Retrying { at }
                 }
                 Some(Decided::Deferred(until)) => Outcome::Deferred { until },
@@ -598,10 +600,10 @@ where
 
 /// A group's counts per counter and kind, so that each is incremented once per group.
 #[derive(Default)]
-struct Tally(Vec<(&'static str, Kind, u64)>);
+struct Tally(Vec<(Counted, Kind, u64)>);
 
 impl Tally {
-    fn add(&mut self, name: &'static str, kind: &Kind) {
+    fn add(&mut self, name: Counted, kind: &Kind) {
         match (self.0.iter_mut()).find(|(n, k, _)| *n == name && k == kind) {
             Some((_, _, count)) => *count += 1,
             None => self.0.push((name, kind.clone(), 1)),

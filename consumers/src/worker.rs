@@ -605,8 +605,8 @@ impl<S: WorkStore> WorkerBuilder<S> {
             "worker built"
         );
         let group_limit = std::sync::atomic::AtomicUsize::new(self.config.group_size);
-        let labels = (self.handlers.keys())
-            .map(|kind| (kind.clone(), metric_labels(&self.queue, kind)))
+        let metrics = (self.handlers.keys())
+            .map(|kind| (kind.clone(), KindMetrics::new(&self.queue, kind)))
             .collect();
         Ok(Worker {
             consumer: self.consumer,
@@ -615,7 +615,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             pull: self.layer.or(self.pull),
             store: self.store,
             dead_letters: self.dead_letters,
-            labels,
+            metrics,
             handlers: self.handlers,
             timeouts: self.timeouts,
             policy: self.policy,
@@ -693,8 +693,8 @@ pub struct Worker<S: WorkStore> {
     pub(crate) store: Arc<S>,
     dead_letters: Arc<dyn DeadLetterStore>,
     handlers: HashMap<Kind, Arc<dyn ErasedHandler<S::Tx>>>,
-    /// The metric labels of each registered kind, so that counting a job allocates no text.
-    labels: HashMap<Kind, [metrics::Label; 2]>,
+    /// The metric keys of each registered kind, built once: counting a job allocates nothing.
+    metrics: HashMap<Kind, KindMetrics>,
     timeouts: HashMap<Kind, Duration>,
     pub(crate) policy: RetryPolicy,
     pub(crate) clock: Arc<dyn Clock>,
@@ -1497,7 +1497,7 @@ where
         };
         match worked {
             Worked::Committed => {
-                self.count("jobs_processed_total", &kind);
+                self.count(Counted::Processed, &kind);
                 match self.settle.ack(&delivery.lease).await {
                     Ok(()) => Outcome::Processed,
                     // Committed: the redelivery will be skipped as a duplicate.
@@ -1505,7 +1505,7 @@ where
                 }
             }
             Worked::Duplicate => {
-                self.count("jobs_duplicate_skipped_total", &kind);
+                self.count(Counted::Duplicate, &kind);
                 match self.settle.ack(&delivery.lease).await {
                     Ok(()) => Outcome::Duplicate,
                     Err(e) => unsettled("ack of a duplicate", &e),
@@ -1533,7 +1533,7 @@ where
                     .await
             }
             JobError::Retry(e) => {
-                let retried = || self.count("jobs_retried_total", kind);
+                let retried = || self.count(Counted::Retried, kind);
                 self.retry_or_dead_letter(
                     delivery,
                     salvage,
@@ -1866,27 +1866,84 @@ where
         }
     }
 
-    /// Counts one job of `kind` in the counter `name`.
-    pub(crate) fn count(&self, name: &'static str, kind: &Kind) {
-        self.count_n(name, kind, 1);
+    /// Counts one job of `kind` in `counted`'s counter.
+    pub(crate) fn count(&self, counted: Counted, kind: &Kind) {
+        self.count_n(counted, kind, 1);
     }
 
-    /// Counts `n` jobs of `kind` in the counter `name`.
-    pub(crate) fn count_n(&self, name: &'static str, kind: &Kind, n: u64) {
-        metrics::counter!(name, self.labels(kind)).increment(n);
+    /// Counts `n` jobs of `kind` in `counted`'s counter.
+    pub(crate) fn count_n(&self, counted: Counted, kind: &Kind, n: u64) {
+        match self.metrics.get(kind) {
+            Some(keys) => {
+                let key = &keys.counted[counted as usize];
+                metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA))
+                    .increment(n);
+            }
+            None => {
+                let labels = metric_labels(&self.queue, kind).to_vec();
+                metrics::counter!(counted.name(), labels).increment(n);
+            }
+        }
     }
 
     /// Records the handler's time for a job of `kind` that started at `started`.
     pub(crate) fn timed(&self, kind: &Kind, started: Instant) {
-        metrics::histogram!("jobs_handler_seconds", self.labels(kind))
-            .record(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        match self.metrics.get(kind) {
+            Some(keys) => {
+                let key = &keys.handler_seconds;
+                metrics::with_recorder(|recorder| recorder.register_histogram(key, &METADATA))
+                    .record(seconds);
+            }
+            None => {
+                let labels = metric_labels(&self.queue, kind).to_vec();
+                metrics::histogram!("jobs_handler_seconds", labels).record(seconds);
+            }
+        }
     }
+}
 
-    /// The labels of a job of `kind`: made once per registered kind, shared thereafter.
-    fn labels(&self, kind: &Kind) -> Vec<metrics::Label> {
-        match self.labels.get(kind) {
-            Some(labels) => labels.to_vec(),
-            None => metric_labels(&self.queue, kind).to_vec(),
+/// The per-job counters a runtime keeps, by kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counted {
+    /// `jobs_processed_total`: jobs whose work committed.
+    Processed,
+    /// `jobs_duplicate_skipped_total`: deliveries of jobs processed before.
+    Duplicate,
+    /// `jobs_retried_total`: failed attempts released for another.
+    Retried,
+}
+
+impl Counted {
+    const ALL: [Counted; 3] = [Counted::Processed, Counted::Duplicate, Counted::Retried];
+
+    fn name(self) -> &'static str {
+        match self {
+            Counted::Processed => "jobs_processed_total",
+            Counted::Duplicate => "jobs_duplicate_skipped_total",
+            Counted::Retried => "jobs_retried_total",
+        }
+    }
+}
+
+/// Where the runtime's metrics say they come from, as the `metrics` macros would.
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// A registered kind's metric keys on its worker's queue.
+struct KindMetrics {
+    /// By [`Counted`].
+    counted: [metrics::Key; 3],
+    handler_seconds: metrics::Key,
+}
+
+impl KindMetrics {
+    fn new(queue: &QueueName, kind: &Kind) -> Self {
+        let labels = metric_labels(queue, kind);
+        let key = |name: &'static str| metrics::Key::from_parts(name, labels.to_vec());
+        KindMetrics {
+            counted: Counted::ALL.map(|counted| key(counted.name())),
+            handler_seconds: key("jobs_handler_seconds"),
         }
     }
 }

@@ -80,8 +80,10 @@ fn check_name(s: &str) -> Result<(), NameError> {
 macro_rules! name_newtype {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
+        // Shared rather than copied: a worker clones its queue's name and its jobs' kinds into
+        // every delivery, job and label.
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(Box<str>);
+        pub struct $name(std::sync::Arc<str>);
 
         impl $name {
             /// The name as written.
