@@ -1312,6 +1312,12 @@ where
         self.group_limit.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The most jobs the next group carries: [`WorkerConfig::group_size`], or fewer while
+    /// groups run out of their transaction's checkpoints.
+    pub fn next_group_size(&self) -> usize {
+        self.group_limit()
+    }
+
     /// Sizes the next groups after one whose transaction took `taken` of its `budget` of
     /// checkpoints: a group that `ran_out` gave jobs back, so the next ones hold one job more
     /// than the budget (the first job to write needs none); groups that used at most half of

@@ -641,68 +641,6 @@ async fn a_group_of_rerunnable_jobs_runs_the_others_again_when_one_fails() {
 }
 
 #[tokio::test]
-async fn a_group_out_of_checkpoints_gives_its_other_jobs_back_and_later_groups_fit() {
-    let f = Fixture::new().await;
-    let worker = f.worker(config(64)).expect("valid");
-    f.publish_ok(40).await;
-    // Every job writes: the first needs no checkpoint, the next 31 take PostgreSQL's budget.
-    let outcomes = worker.run_once().await.expect("run");
-    assert_eq!(outcomes.len(), 40);
-    let processed = outcomes
-        .iter()
-        .filter(|o| **o == Outcome::Processed)
-        .count();
-    assert_eq!(processed, 32, "{outcomes:?}");
-    assert!(
-        outcomes[32..]
-            .iter()
-            .all(|o| matches!(o, Outcome::Deferred { .. })),
-        "the rest are given back: {outcomes:?}"
-    );
-    assert_eq!(f.effects().await, (0..32).collect::<Vec<_>>());
-    let back: Vec<(i32, bool)> =
-        sqlx::query_as("select deliveries, leased from core.jobs order by id")
-            .fetch_all(&f.pool)
-            .await
-            .expect("rows");
-    assert_eq!(
-        back,
-        vec![(0, false); 8],
-        "given back ready, their attempts unspent"
-    );
-    let claims: i64 = sqlx::query_scalar("select count(*) from core.processed_jobs")
-        .fetch_one(&f.pool)
-        .await
-        .expect("count claims");
-    assert_eq!(claims, 32, "the given-back jobs are not claimed");
-
-    // The next groups fit the budget: 40 more jobs and the 8 run in groups of 32 and 16.
-    f.publish(&f.envelope(100, "ok"), PublishOptions::default())
-        .await;
-    let batch: Vec<jobs_adapter_postgres::NewJob> = (40..79)
-        .map(|n| jobs_adapter_postgres::NewJob {
-            envelope: f.envelope(n, "ok"),
-            opts: PublishOptions::default(),
-        })
-        .collect();
-    f.queue
-        .publish_batch(&f.name, &batch)
-        .await
-        .expect("publish");
-    let outcomes = worker.run_once().await.expect("run");
-    assert_eq!(outcomes.len(), 48);
-    assert!(
-        outcomes.iter().all(|o| *o == Outcome::Processed),
-        "nothing given back once groups fit: {outcomes:?}"
-    );
-    assert_eq!(f.pending().await, 0);
-    for n in (0..79).chain([100]) {
-        assert_eq!(f.handler.runs(n), 1, "job {n} ran once");
-    }
-    f.db.drop_db().await;
-}
-
-#[tokio::test]
 async fn when_the_first_job_to_write_fails_the_group_starts_again_without_it() {
     let f = Fixture::new().await;
     let worker = f.worker(config(8)).expect("valid");

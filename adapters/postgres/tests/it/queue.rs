@@ -1109,6 +1109,204 @@ impl jobs_testkit::runtime::Handler<PgWorkTx> for Counts {
     }
 }
 
+/// Publishes jobs `from..to` on `jobs` for the [`Counts`] handler.
+async fn publish_counted(queue: &PgQueue, jobs: &QueueName, from: u64, to: u64) {
+    let batch: Vec<NewJob> = (from..to)
+        .map(|n| NewJob {
+            envelope: fixtures::envelope_with(1, "test.job", serde_json::json!({ "n": n })),
+            opts: PublishOptions::default(),
+        })
+        .collect();
+    queue.publish_batch(jobs, &batch).await.expect("publish");
+}
+
+/// A group of jobs that write takes a checkpoint per job but the first, 31 at most in one
+/// transaction on PostgreSQL: what it cannot cover goes back unrun with its attempt unspent,
+/// and the worker's next groups fit the budget, growing back after groups that used at most
+/// half of it.
+#[tokio::test]
+async fn groups_fit_the_transactions_checkpoint_budget() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        sqlx::query("create table run_effects (n bigint not null)")
+            .execute(store.pool())
+            .await
+            .expect("create the effects table");
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.budget");
+        let worker = grouped(&store, queue.clone(), jobs.clone(), Counts)
+            .group_size(48)
+            .build()
+            .expect("valid");
+        let outcomes_of = |outcomes: &[jobs_testkit::runtime::Outcome]| {
+            let processed = outcomes
+                .iter()
+                .filter(|o| **o == jobs_testkit::runtime::Outcome::Processed)
+                .count();
+            (processed, outcomes.len() - processed)
+        };
+
+        publish_counted(&queue, &jobs, 0, 40).await;
+        let outcomes = worker.run_once().await.expect("run");
+        assert_eq!(outcomes_of(&outcomes), (32, 8), "{outcomes:?}");
+        assert!(
+            outcomes[32..]
+                .iter()
+                .all(|o| matches!(o, jobs_testkit::runtime::Outcome::Deferred { .. })),
+            "given back: {outcomes:?}"
+        );
+        let back: Vec<(i32, bool)> =
+            sqlx::query_as("select deliveries, leased from core.jobs order by id")
+                .fetch_all(store.pool())
+                .await
+                .expect("rows");
+        assert_eq!(back, vec![(0, false); 8], "ready again, attempts unspent");
+        let (claims, effects): (i64, i64) = sqlx::query_as(
+            "select (select count(*) from core.processed_jobs), \
+                    (select count(*) from run_effects)",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("count");
+        assert_eq!(
+            (claims, effects),
+            (32, 32),
+            "the given-back jobs left no claim and no effect"
+        );
+        assert_eq!(worker.next_group_size(), 32, "one more than the budget");
+
+        // The 8 and 12 more: a group of 20 takes 19 checkpoints, more than half the budget,
+        // and the size stays.
+        publish_counted(&queue, &jobs, 40, 52).await;
+        let outcomes = worker.run_once().await.expect("run");
+        assert_eq!(outcomes_of(&outcomes), (20, 0), "{outcomes:?}");
+        assert_eq!(worker.next_group_size(), 32);
+        // A group of 8 takes 7: the groups grow back, up to `group_size`.
+        publish_counted(&queue, &jobs, 52, 60).await;
+        let outcomes = worker.run_once().await.expect("run");
+        assert_eq!(outcomes_of(&outcomes), (8, 0), "{outcomes:?}");
+        assert_eq!(worker.next_group_size(), 48);
+        let runs: Vec<(i64, i64)> =
+            sqlx::query_as("select n, count(*) from run_effects group by n having count(*) > 1")
+                .fetch_all(store.pool())
+                .await
+                .expect("read the effects");
+        assert!(runs.is_empty(), "jobs run twice: {runs:?}");
+    })
+    .await;
+}
+
+/// Writes a row, then fails on the first attempt when its data says so.
+struct Flaky;
+
+#[async_trait::async_trait]
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Flaky {
+    type Data = serde_json::Value;
+
+    async fn handle(
+        &self,
+        job: jobs_testkit::runtime::Job<serde_json::Value>,
+        tx: &mut PgWorkTx,
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
+        let n = job.envelope.data["n"].as_i64().unwrap_or_default();
+        sqlx::query("insert into run_effects (n) values ($1)")
+            .bind(n)
+            .execute(tx.conn())
+            .await
+            .map_err(jobs_testkit::runtime::JobError::retry)?;
+        if job.envelope.data["fail"] == true && job.attempt == 1 {
+            return Err(jobs_testkit::runtime::JobError::retry("fails once"));
+        }
+        Ok(())
+    }
+}
+
+/// One group of two kinds, with a retry and a second copy of a job: each job counted once, by
+/// its outcome and its kind, and each handler run timed once.
+#[test]
+fn a_grouped_worker_counts_each_job_once_by_outcome_and_kind() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(with_databases(|dbs| async move {
+            let store = dbs.store().await;
+            sqlx::query("create table run_effects (n bigint not null)")
+                .execute(store.pool())
+                .await
+                .expect("create the effects table");
+            let queue = Arc::new(PgQueue::new(store.pool().clone()));
+            let jobs = name("grouped.counted");
+            let worker = jobs_testkit::runtime::Worker::builder_on(
+                ConsumerName::try_from("test.counted").expect("valid"),
+                jobs.clone(),
+                queue.clone(),
+                Arc::new(store.clone()),
+            )
+            .handler("test.a".parse().expect("valid"), Flaky)
+            .handler("test.b".parse().expect("valid"), Flaky)
+            .grouped(queue.clone())
+            .build()
+            .expect("valid");
+            let job = |kind, n, fail| {
+                fixtures::envelope_with(1, kind, serde_json::json!({ "n": n, "fail": fail }))
+            };
+            let first = job("test.a", 1, false);
+            for envelope in [
+                first.clone(),
+                job("test.a", 2, true),
+                job("test.b", 3, false),
+                job("test.b", 4, false),
+            ] {
+                queue
+                    .publish(&jobs, &envelope, PublishOptions::default())
+                    .await
+                    .expect("publish");
+            }
+            let copy = PublishOptions::default().dedup_key("copy");
+            queue.publish(&jobs, &first, copy).await.expect("publish");
+            let outcomes = worker.run_once().await.expect("run");
+            assert_eq!(outcomes.len(), 5, "one group: {outcomes:?}");
+        }));
+    });
+    let mut counted: Vec<(String, String, u64)> = Vec::new();
+    let mut timed: Vec<(String, usize)> = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let kind = (key.labels())
+            .find(|label| label.key() == "kind")
+            .map(|label| label.value().to_owned())
+            .unwrap_or_default();
+        match value {
+            DebugValue::Counter(n) => counted.push((key.name().to_owned(), kind, n)),
+            DebugValue::Histogram(runs) if key.name() == "jobs_handler_seconds" => {
+                timed.push((kind, runs.len()));
+            }
+            _ => {}
+        }
+    }
+    counted.sort();
+    timed.sort();
+    assert_eq!(
+        counted,
+        [
+            (
+                "jobs_duplicate_skipped_total".to_owned(),
+                "test.a".to_owned(),
+                1
+            ),
+            ("jobs_processed_total".to_owned(), "test.a".to_owned(), 1),
+            ("jobs_processed_total".to_owned(), "test.b".to_owned(), 2),
+            ("jobs_retried_total".to_owned(), "test.a".to_owned(), 1),
+        ]
+    );
+    assert_eq!(timed, [("test.a".to_owned(), 2), ("test.b".to_owned(), 2)]);
+}
+
 /// `Worker::run` grouped, as a worker process runs it: every job of a backlog processed
 /// once, in groups, and the queue empty after the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
