@@ -10,10 +10,11 @@
 //!
 //! When a failed job has no checkpoint to go back to (it was the first to write, or every job
 //! of the group is [`RERUNNABLE`](crate::Handler::RERUNNABLE) and none was taken), the group
-//! rolls back and makes a second pass in a new transaction: the claims again, the jobs whose
+//! rolls back and makes another pass in a new transaction: the claims again, the jobs whose
 //! outcome is known settled as decided, and only the jobs that have to run again run (ones
 //! that never ran, and rerunnable ones whose writes were rolled back), now with a checkpoint
-//! before each. A conflict with another transaction (a deadlock, a serialization failure) in
+//! before each; a group of rerunnable jobs makes up to two more passes without checkpoints
+//! first, each a failure shorter. A conflict with another transaction (a deadlock, a serialization failure) in
 //! the group's own statements makes its jobs run again one by one, without spending an
 //! attempt.
 
@@ -33,6 +34,11 @@ use crate::retry::Backoff;
 use crate::worker::{
     Counted, DeadReason, Outcome, Ready, Salvage, Worker, ready_bounded, run_bounded,
 };
+
+/// How many passes a group of rerunnable jobs makes without checkpoints before a careful one:
+/// each pass costs the group's jobs again, a careful one a round trip per job (and it may run
+/// out of checkpoints and give jobs back).
+const OPTIMISTIC_PASSES: usize = 3;
 
 /// The grouped mode of a worker, with the queue's type erased: built by
 /// [`WorkerBuilder::grouped`](crate::WorkerBuilder::grouped) where the bounds are known.
@@ -157,7 +163,7 @@ where
         let mut members = Vec::with_capacity(group.len());
         for (index, delivery) in group.into_iter().enumerate() {
             let triaged = self.triage(&delivery);
-            let span = self.job_span(&delivery, Ready::salvage_of(&triaged));
+            let span = self.job_span(Ready::salvage_of(&triaged));
             match triaged {
                 Ok(Ready {
                     prepared,
@@ -251,9 +257,9 @@ where
         ready
     }
 
-    /// Runs the members in a transaction and commits it, in a second pass when the first
-    /// could not undo a failure; on a conflict, runs them again one by one on the per-job path
-    /// (their leases still hold, so no attempt is spent).
+    /// Runs the members in a transaction and commits it, in another pass when one could not
+    /// undo a failure; on a conflict, runs them again one by one on the per-job path (their
+    /// leases still hold, so no attempt is spent).
     async fn commit_group<Q>(
         &self,
         queue: &Q,
@@ -263,9 +269,12 @@ where
         Q: SettleInTransaction<S> + ?Sized,
         S::Tx: GroupTransaction,
     {
-        // The first pass is optimistic when every job may run again; the second is careful.
+        // A group of jobs that may all run again starts optimistic, and stays so for a few
+        // passes, each running again the jobs whose writes the last one rolled back (a failure
+        // is decided once and not run again, so each pass runs fewer); then, as any other
+        // group's second pass, careful.
         let mut careful = !members.iter().all(|m| m.rerunnable);
-        let mut second = false;
+        let (mut second, mut passes) = (false, 0);
         // Every statement of the group's transaction is bounded by its longest time limit.
         let limit = members
             .iter()
@@ -273,6 +282,7 @@ where
             .max()
             .unwrap_or(self.config.handler_timeout);
         let stop = loop {
+            passes += 1;
             let mut tx = match self.store.begin_within(limit).await {
                 Ok(tx) => tx,
                 Err(e) => return self.unavailable(members, &e).await,
@@ -296,10 +306,12 @@ where
                     match stop {
                         Stop::Again if !second => {
                             self.forget_rolled_back(&mut members);
-                            (careful, second) = (true, true);
+                            if careful || passes >= OPTIMISTIC_PASSES {
+                                (careful, second) = (true, true);
+                            }
                         }
                         Stop::Again => {
-                            break Stop::Failed("a second pass could not undo a job".into());
+                            break Stop::Failed("a careful pass could not undo a job".into());
                         }
                         other => break other,
                     }
@@ -316,7 +328,7 @@ where
                 outcomes
             }
             Stop::Failed(error) => self.abandon(members, &error),
-            Stop::Again => self.abandon(members, "a second pass could not undo a job"),
+            Stop::Again => self.abandon(members, "a careful pass could not undo a job"),
         }
     }
 
@@ -442,7 +454,8 @@ where
             JobError::Retry(e) => match self.policy.after_failure(member.delivery.attempt) {
                 Backoff::RetryIn(delay) => {
                     member.span.in_scope(|| {
-                        tracing::warn!(error = %e, retry_in = ?delay, "job failed; will retry");
+                        let attempt = member.delivery.attempt;
+                        tracing::warn!(attempt, error = %e, retry_in = ?delay, "job failed; will retry");
                     });
                     Decided::Retrying(self.clock.now() + delay)
                 }
@@ -566,7 +579,8 @@ where
                     recorded: Some(recorded),
                 }) => {
                     if let Recorded::New(_) = recorded {
-                        self.announce_dead(Some(kind), reason, &error)
+                        let attempt = member.delivery.attempt;
+                        self.announce_dead(Some(kind), attempt, reason, &error)
                             .instrument(member.span.clone())
                             .await;
                     }

@@ -1344,8 +1344,10 @@ where
     /// `salvage` has them (all of a valid envelope's; whatever a broken payload still holds).
     /// Its parent, the worker's span, carries the queue and the consumer, formatted once for
     /// every job rather than once per job; should the worker's span be disabled (made before
-    /// a subscriber was installed), each job's span carries them itself.
-    pub(crate) fn job_span(&self, delivery: &Delivery, salvage: &Salvage) -> tracing::Span {
+    /// a subscriber was installed), each job's span carries them itself. The attempt is on
+    /// the events that report a failure, where it matters, rather than formatted for every
+    /// job.
+    pub(crate) fn job_span(&self, salvage: &Salvage) -> tracing::Span {
         let worker = self.span.get_or_init(
             || tracing::info_span!("worker", queue = %self.queue, consumer = %self.consumer),
         );
@@ -1360,22 +1362,13 @@ where
                 "job",
                 queue = %self.queue,
                 consumer = %self.consumer,
-                attempt = delivery.attempt,
                 job_id,
                 tenant_id,
                 correlation_id,
                 kind,
             );
         }
-        tracing::info_span!(
-            parent: worker,
-            "job",
-            attempt = delivery.attempt,
-            job_id,
-            tenant_id,
-            correlation_id,
-            kind,
-        )
+        tracing::info_span!(parent: worker, "job", job_id, tenant_id, correlation_id, kind)
     }
 
     /// Processes one delivery to the end, settling it with the transport, and says what
@@ -1395,7 +1388,7 @@ where
             return Outcome::Unsettled { error };
         }
         let triaged = self.triage(&delivery);
-        let span = self.job_span(&delivery, Ready::salvage_of(&triaged));
+        let span = self.job_span(Ready::salvage_of(&triaged));
         let outcome = self
             .process_inner(delivery, triaged)
             .instrument(span.clone())
@@ -1565,7 +1558,7 @@ where
         match self.policy.after_failure(delivery.attempt) {
             Backoff::RetryIn(delay) => {
                 let at = self.clock.now() + delay;
-                tracing::warn!(error = %error, retry_in = ?delay, reason = exhausted.as_str(), "job not done; will retry");
+                tracing::warn!(attempt = delivery.attempt, error = %error, retry_in = ?delay, reason = exhausted.as_str(), "job not done; will retry");
                 match self.settle.retry_at(&delivery.lease, at).await {
                     Ok(()) => {
                         retried();
@@ -1713,8 +1706,14 @@ where
     }
 
     /// Logs, counts and alerts a dead letter recorded for the first time.
-    pub(crate) async fn announce_dead(&self, kind: Option<&Kind>, reason: DeadReason, error: &str) {
-        tracing::error!(reason = reason.as_str(), error = %error, "job dead-lettered");
+    pub(crate) async fn announce_dead(
+        &self,
+        kind: Option<&Kind>,
+        attempt: u32,
+        reason: DeadReason,
+        error: &str,
+    ) {
+        tracing::error!(attempt, reason = reason.as_str(), error = %error, "job dead-lettered");
         // A payload's kind labels the counters only when this worker knows it, so that no
         // producer can make up metric series.
         let known = kind.filter(|kind| self.handlers.contains_key(*kind));
@@ -1771,7 +1770,7 @@ where
             }
         };
         if let Recorded::New(_) = recorded {
-            self.announce_dead(salvage.kind.as_ref(), reason, &error)
+            self.announce_dead(salvage.kind.as_ref(), delivery.attempt, reason, &error)
                 .await;
         }
         self.ack_dead(delivery, recorded.id(), reason).await

@@ -1307,6 +1307,92 @@ fn a_grouped_worker_counts_each_job_once_by_outcome_and_kind() {
     assert_eq!(timed, [("test.a".to_owned(), 2), ("test.b".to_owned(), 2)]);
 }
 
+/// Writes a row, counts its runs, and fails on the first attempt when its data says so; its
+/// only effect is the row, so it may run again.
+#[derive(Clone, Default)]
+struct Rerunnable {
+    runs: Arc<std::sync::Mutex<std::collections::HashMap<i64, u32>>>,
+}
+
+#[async_trait::async_trait]
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Rerunnable {
+    type Data = serde_json::Value;
+    const RERUNNABLE: bool = true;
+
+    async fn handle(
+        &self,
+        job: jobs_testkit::runtime::Job<serde_json::Value>,
+        tx: &mut PgWorkTx,
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
+        let n = job.envelope.data["n"].as_i64().unwrap_or_default();
+        *self
+            .runs
+            .lock()
+            .expect("not poisoned")
+            .entry(n)
+            .or_default() += 1;
+        Flaky.handle(job, tx).await
+    }
+}
+
+/// A group of rerunnable jobs in which three fail after writing: two more passes without
+/// checkpoints, each running again the jobs the last rolled back, then a careful one, which
+/// runs out of checkpoints and gives the last jobs back. Every job's effect commits once.
+#[tokio::test]
+async fn a_rerunnable_group_tries_again_without_checkpoints_then_carefully() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        sqlx::query("create table run_effects (n bigint not null)")
+            .execute(store.pool())
+            .await
+            .expect("create the effects table");
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.rerun");
+        let handler = Rerunnable::default();
+        let worker = grouped(&store, queue.clone(), jobs.clone(), handler.clone())
+            .group_size(48)
+            .build()
+            .expect("valid");
+        let batch: Vec<NewJob> = (0..40)
+            .map(|n| NewJob {
+                envelope: fixtures::envelope_with(
+                    1,
+                    "test.job",
+                    serde_json::json!({ "n": n, "fail": (1..=3).contains(&n) }),
+                ),
+                opts: PublishOptions::default(),
+            })
+            .collect();
+        queue.publish_batch(&jobs, &batch).await.expect("publish");
+        let outcomes = worker.run_once().await.expect("run");
+        let runs = |n: i64| handler.runs.lock().expect("not poisoned")[&n];
+        // Passes 1 to 3 end at jobs 1, 2 and 3, each failing once and decided; job 0 ran in
+        // each and in the careful fourth.
+        assert_eq!(
+            (runs(0), runs(1), runs(2), runs(3), runs(4)),
+            (4, 1, 1, 1, 1)
+        );
+        use jobs_testkit::runtime::Outcome;
+        let retried: Vec<usize> = (0..40)
+            .filter(|&n| matches!(outcomes[n], Outcome::Retrying { .. }))
+            .collect();
+        assert_eq!(retried, [1, 2, 3]);
+        // The careful pass: a checkpoint before job 0 and before each of jobs 4 to 33, 31 in
+        // all; jobs 34 to 39 go back unrun.
+        let given_back: Vec<usize> = (0..40)
+            .filter(|&n| matches!(outcomes[n], Outcome::Deferred { .. }))
+            .collect();
+        assert_eq!(given_back, (34..40).collect::<Vec<_>>(), "{outcomes:?}");
+        let effects: Vec<i64> = sqlx::query_scalar("select n from run_effects order by n")
+            .fetch_all(store.pool())
+            .await
+            .expect("effects");
+        let expected: Vec<i64> = (0..34).filter(|n| !(1..=3).contains(n)).collect();
+        assert_eq!(effects, expected, "each processed job's row, once");
+    })
+    .await;
+}
+
 /// `Worker::run` grouped, as a worker process runs it: every job of a backlog processed
 /// once, in groups, and the queue empty after the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
