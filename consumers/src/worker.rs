@@ -2110,3 +2110,119 @@ pub(crate) fn next_group(buffer: &mut VecDeque<Delivery>, size: usize) -> Vec<De
 async fn join_all(in_flight: &mut JoinSet<()>) {
     while in_flight.join_next().await.is_some() {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deliveries numbered by their message ids, `expired` where the flags say.
+    fn buffer(expired: &[bool]) -> VecDeque<Delivery> {
+        let queue: QueueName = "test.groups".parse().expect("valid");
+        (expired.iter().enumerate())
+            .map(|(n, &expired)| {
+                let lease =
+                    jobs_core::Lease::new(queue.clone(), n.to_string(), SystemTime::UNIX_EPOCH);
+                Delivery::new(vec![], 1, Some(n.to_string()), lease).after_expiry(expired)
+            })
+            .collect()
+    }
+
+    fn ids(group: &[Delivery]) -> Vec<String> {
+        group.iter().filter_map(|d| d.message_id.clone()).collect()
+    }
+
+    #[test]
+    fn a_group_takes_up_to_its_size_from_the_front() {
+        let mut deliveries = buffer(&[false; 5]);
+        assert_eq!(ids(&next_group(&mut deliveries, 3)), ["0", "1", "2"]);
+        assert_eq!(ids(&next_group(&mut deliveries, 3)), ["3", "4"]);
+        assert!(next_group(&mut deliveries, 3).is_empty());
+    }
+
+    #[test]
+    fn a_delivery_after_an_expired_lease_runs_alone() {
+        let mut deliveries = buffer(&[false, false, true, false, true, true]);
+        assert_eq!(
+            ids(&next_group(&mut deliveries, 8)),
+            ["0", "1"],
+            "the group stops before it"
+        );
+        assert_eq!(ids(&next_group(&mut deliveries, 8)), ["2"], "alone");
+        assert_eq!(ids(&next_group(&mut deliveries, 8)), ["3"]);
+        assert_eq!(ids(&next_group(&mut deliveries, 8)), ["4"]);
+        assert_eq!(ids(&next_group(&mut deliveries, 8)), ["5"]);
+        assert!(deliveries.is_empty());
+    }
+
+    /// A worker of `group_size` on the embedded defaults, for what needs one but no job.
+    fn worker(group_size: usize) -> Worker<jobs_adapter_memory::MemoryStore> {
+        let clock = Arc::new(jobs_core::SystemClock);
+        let queue = Arc::new(jobs_adapter_memory::MemoryQueue::new(clock));
+        let store = Arc::new(jobs_adapter_memory::MemoryStore::default());
+        let consumer = "test.consumer".parse().expect("valid");
+        Worker::builder_on(
+            consumer,
+            "test.groups".parse().expect("valid"),
+            queue,
+            store,
+        )
+        .handler("test.nothing".parse().expect("valid"), Nothing)
+        .group_size(group_size)
+        .build()
+        .expect("valid")
+    }
+
+    struct Nothing;
+
+    #[async_trait::async_trait]
+    impl crate::Handler<jobs_adapter_memory::MemoryWorkTx> for Nothing {
+        type Data = serde_json::Value;
+
+        async fn handle(
+            &self,
+            _: crate::Job<serde_json::Value>,
+            _: &mut jobs_adapter_memory::MemoryWorkTx,
+        ) -> Result<(), crate::JobError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn groups_shrink_to_one_more_than_the_budget_and_grow_back_by_doubling() {
+        let worker = worker(48);
+        assert_eq!(worker.next_group_size(), 48);
+        worker.fit_groups(31, 31, true);
+        assert_eq!(
+            worker.next_group_size(),
+            32,
+            "ran out: one more than the budget"
+        );
+        worker.fit_groups(16, 31, false);
+        assert_eq!(
+            worker.next_group_size(),
+            32,
+            "more than half the budget: as it is"
+        );
+        worker.fit_groups(15, 31, false);
+        assert_eq!(
+            worker.next_group_size(),
+            48,
+            "at most half: twice, up to group_size"
+        );
+        worker.fit_groups(3, 7, true);
+        assert_eq!(worker.next_group_size(), 8);
+        worker.fit_groups(3, 7, false);
+        assert_eq!(worker.next_group_size(), 16, "doubled");
+        worker.fit_groups(0, usize::MAX, false);
+        assert_eq!(worker.next_group_size(), 32);
+    }
+
+    #[test]
+    fn a_budget_larger_than_the_groups_leaves_them_whole() {
+        let worker = worker(8);
+        worker.fit_groups(7, 31, true);
+        assert_eq!(worker.next_group_size(), 8, "never more than group_size");
+        worker.fit_groups(usize::MAX, usize::MAX, false);
+        assert_eq!(worker.next_group_size(), 8);
+    }
+}

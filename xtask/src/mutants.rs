@@ -98,14 +98,17 @@ const GROUPS: &[Group] = &[
         missed_by: Some("consumers"),
         min_timeout_secs: 120,
     },
-    // The PostgreSQL side of the grouped path: leasing, holding, claiming and settling inside
-    // the work transaction, and the lease tokens.
+    // The PostgreSQL side of the grouped path: leasing, taking, claiming and settling inside
+    // the work transaction, the lease tokens, and the work transaction's group side.
     Group {
         name: "postgres-grouped",
         package: "jobs-adapter-postgres",
-        files: &["adapters/postgres/src/queue.rs"],
+        files: &[
+            "adapters/postgres/src/queue.rs",
+            "adapters/postgres/src/tx.rs",
+        ],
         only: Some(
-            r"SettleInTransaction|PullPort for PgQueue>::receive|PgQueue::settle|in tokens|replace tokens|parse_token|replace token ",
+            r"SettleInTransaction|GroupTransaction for PgWorkTx|WorkTransaction for PgWorkTx>::commit|PullPort for PgQueue>::receive|Leased::deliveries|keep_taken|PgQueue::settle|in tokens|replace tokens|parse_token|replace token ",
         ),
         test_package: None,
         features: &["jobs-adapter-postgres/queue"],
