@@ -177,6 +177,13 @@ pub struct WorkerConfig {
     /// for more before it starts. Zero by default: a job published to an idle worker starts at
     /// once, and groups fill only under load.
     pub group_linger: Duration,
+    /// In grouped mode, about how long a group's handlers should take in all (20 ms by
+    /// default): groups hold no more jobs than this over the handlers' recent mean time
+    /// (at least one). A group's jobs commit when the last has run, and each waits for the
+    /// ones before it, so groups of fast handlers are large and slow handlers run few to a
+    /// transaction (a 1 ms handler twenty, a 100 ms one alone) rather than holding their
+    /// connection, locks and results back for seconds.
+    pub group_time: Duration,
 }
 
 /// The largest group: its jobs run one after another on one connection and its rows stay
@@ -219,6 +226,7 @@ impl Default for WorkerConfig {
             decode_limits: DecodeLimits::default(),
             group_size: 64,
             group_linger: Duration::ZERO,
+            group_time: Duration::from_millis(20),
         }
     }
 }
@@ -235,6 +243,7 @@ impl WorkerConfig {
     /// | `shutdown_grace` | 30 s | any |
     /// | `group_size` | 64 | 1 to [`MAX_GROUP_SIZE`] when grouped |
     /// | `group_linger` | 0 | any |
+    /// | `group_time` | 20 ms | above zero |
     fn check(&self) -> Result<(), WorkerError> {
         let refuse = |field: &str, value: String, why: &str| {
             Err(WorkerError::Config {
@@ -276,6 +285,13 @@ impl WorkerConfig {
                 "poll_interval",
                 "0s".to_owned(),
                 "a zero interval polls an empty queue in a busy loop",
+            );
+        }
+        if self.group_time.is_zero() {
+            return refuse(
+                "group_time",
+                "0s".to_owned(),
+                "a group needs some time for its jobs",
             );
         }
         Ok(())
@@ -449,6 +465,12 @@ impl<S: WorkStore> WorkerBuilder<S> {
     /// [`WorkerConfig::group_linger`].
     pub fn group_linger(mut self, linger: Duration) -> Self {
         self.config.group_linger = linger;
+        self
+    }
+
+    /// [`WorkerConfig::group_time`].
+    pub fn group_time(mut self, time: Duration) -> Self {
+        self.config.group_time = time;
         self
     }
 
@@ -636,6 +658,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             turned_ms: std::sync::atomic::AtomicU64::new(0),
             span: std::sync::OnceLock::new(),
             group_limit,
+            handler_ns: std::sync::atomic::AtomicU64::new(0),
             store_failures: std::sync::atomic::AtomicU32::new(0),
         })
     }
@@ -723,6 +746,9 @@ pub struct Worker<S: WorkStore> {
     /// The size of the next groups: `group_size`, or less while groups run out of their
     /// transaction's checkpoints ([`Worker::fit_groups`]).
     group_limit: std::sync::atomic::AtomicUsize,
+    /// The handlers' recent mean time, in nanoseconds (0 before the first): the next groups
+    /// hold about `group_time` of it.
+    handler_ns: std::sync::atomic::AtomicU64,
 }
 
 /// What a [`Worker::run`] left behind when it stopped, for the line a process logs at exit.
@@ -1315,13 +1341,23 @@ where
         }
     }
 
-    /// The size of the next group.
+    /// The size of the next group: what fits its transaction's checkpoints, and about
+    /// `group_time` of the handlers' recent mean time.
     fn group_limit(&self) -> usize {
-        self.group_limit.load(std::sync::atomic::Ordering::Relaxed)
+        use std::sync::atomic::Ordering::Relaxed;
+        let fits = self.group_limit.load(Relaxed);
+        match self.handler_ns.load(Relaxed) {
+            0 => fits,
+            mean => {
+                let in_time = self.config.group_time.as_nanos() / u128::from(mean);
+                fits.min(usize::try_from(in_time).unwrap_or(usize::MAX).max(1))
+            }
+        }
     }
 
     /// The most jobs the next group carries: [`WorkerConfig::group_size`], or fewer while
-    /// groups run out of their transaction's checkpoints.
+    /// groups run out of their transaction's checkpoints, or while the handlers take long
+    /// enough that fewer fill [`WorkerConfig::group_time`].
     pub fn next_group_size(&self) -> usize {
         self.group_limit()
     }
@@ -1899,9 +1935,20 @@ where
         }
     }
 
-    /// Records the handler's time for a job of `kind` that started at `started`.
+    /// Records the handler's time for a job of `kind` that started at `started`, and folds it
+    /// into the handlers' mean time (each run weighs an eighth) that sizes the groups.
     pub(crate) fn timed(&self, kind: &Kind, started: Instant) {
-        let seconds = started.elapsed().as_secs_f64();
+        use std::sync::atomic::Ordering::Relaxed;
+        let elapsed = started.elapsed();
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let mean = self.handler_ns.load(Relaxed);
+        let mean = if mean == 0 {
+            ns
+        } else {
+            mean - mean / 8 + ns / 8
+        };
+        self.handler_ns.store(mean.max(1), Relaxed);
+        let seconds = elapsed.as_secs_f64();
         match self.metrics.get(kind) {
             Some(keys) => {
                 let key = &keys.handler_seconds;
@@ -2224,5 +2271,31 @@ mod tests {
         assert_eq!(worker.next_group_size(), 8, "never more than group_size");
         worker.fit_groups(usize::MAX, usize::MAX, false);
         assert_eq!(worker.next_group_size(), 8);
+    }
+
+    #[test]
+    fn groups_hold_about_group_time_of_the_handlers_mean_time() {
+        let worker = worker(48);
+        let kind: Kind = "test.nothing".parse().expect("valid");
+        assert_eq!(worker.next_group_size(), 48, "nothing measured yet");
+        worker.timed(&kind, Instant::now() - Duration::from_millis(1));
+        let size = worker.next_group_size();
+        assert!((16..=20).contains(&size), "20 ms of 1 ms handlers: {size}");
+        worker.timed(&kind, Instant::now() - Duration::from_millis(200));
+        assert_eq!(worker.next_group_size(), 1, "a slow handler runs alone");
+        for _ in 0..100 {
+            worker.timed(&kind, Instant::now());
+        }
+        assert_eq!(
+            worker.next_group_size(),
+            48,
+            "fast again: as large as they may be"
+        );
+        worker.fit_groups(31, 31, true);
+        assert_eq!(
+            worker.next_group_size(),
+            32,
+            "and no larger than the checkpoints allow"
+        );
     }
 }

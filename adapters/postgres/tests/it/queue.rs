@@ -1134,8 +1134,10 @@ async fn groups_fit_the_transactions_checkpoint_budget() {
             .expect("create the effects table");
         let queue = Arc::new(PgQueue::new(store.pool().clone()));
         let jobs = name("grouped.budget");
+        // Groups sized by the checkpoints alone, however long a loaded machine's inserts take.
         let worker = grouped(&store, queue.clone(), jobs.clone(), Counts)
             .group_size(48)
+            .group_time(Duration::from_secs(60))
             .build()
             .expect("valid");
         let outcomes_of = |outcomes: &[jobs_testkit::runtime::Outcome]| {
@@ -1351,6 +1353,7 @@ async fn a_rerunnable_group_tries_again_without_checkpoints_then_carefully() {
         let handler = Rerunnable::default();
         let worker = grouped(&store, queue.clone(), jobs.clone(), handler.clone())
             .group_size(48)
+            .group_time(Duration::from_secs(60))
             .build()
             .expect("valid");
         let batch: Vec<NewJob> = (0..40)
