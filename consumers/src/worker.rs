@@ -1388,15 +1388,13 @@ where
         let size = self.config.group_size;
         if ran_out {
             let fits = budget.saturating_add(1).min(size);
-            if self.group_limit.swap(fits, Relaxed) != fits {
-                tracing::debug!(queue = %self.queue, size = fits, "a group ran out of checkpoints; the next groups are smaller");
-            }
+            self.group_limit.store(fits, Relaxed);
+            tracing::debug!(queue = %self.queue, size = fits, "a group ran out of checkpoints; the next groups are smaller");
         } else if taken.saturating_mul(2) <= budget {
-            let limit = self.group_limit();
-            if limit < size {
-                self.group_limit
-                    .store(limit.saturating_mul(2).min(size), Relaxed);
-            }
+            // The checkpoints' limit alone, whatever the handlers' time makes of it.
+            let limit = self.group_limit.load(Relaxed);
+            self.group_limit
+                .store(limit.saturating_mul(2).min(size), Relaxed);
         }
     }
 
@@ -1956,14 +1954,9 @@ where
     pub(crate) fn timed(&self, kind: &Kind, started: Instant) {
         use std::sync::atomic::Ordering::Relaxed;
         let elapsed = started.elapsed();
-        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let mean = self.handler_ns.load(Relaxed);
-        let mean = if mean == 0 {
-            ns
-        } else {
-            mean - mean / 8 + ns / 8
-        };
-        self.handler_ns.store(mean.max(1), Relaxed);
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let mean = folded(self.handler_ns.load(Relaxed), ns);
+        self.handler_ns.store(mean, Relaxed);
         let seconds = elapsed.as_secs_f64();
         match self.metrics.get(kind) {
             Some(keys) => {
@@ -1977,6 +1970,16 @@ where
             }
         }
     }
+}
+
+/// A mean of the handlers' times with one more, `sample`, weighing an eighth; the first
+/// sample when `mean` is 0 (nothing measured). Never 0 itself, so that it stays measured.
+fn folded(mean: u64, sample: u64) -> u64 {
+    let folded = match mean {
+        0 => sample,
+        _ => mean - mean / 8 + sample / 8,
+    };
+    folded.max(1)
 }
 
 /// The per-job counters a runtime keeps, by kind.
@@ -2340,6 +2343,37 @@ mod tests {
             worker.next_group_size(),
             32,
             "and no larger than the checkpoints allow"
+        );
+    }
+
+    #[test]
+    fn the_handlers_mean_time_weighs_each_run_an_eighth() {
+        assert_eq!(folded(0, 800), 800, "the first run is the mean");
+        assert_eq!(folded(800, 1_600), 900);
+        assert_eq!(folded(800, 0), 700);
+        assert_eq!(folded(0, 0), 1, "measured, however short");
+        assert_eq!(folded(1, 0), 1);
+        assert_eq!(
+            folded(u64::MAX, u64::MAX),
+            u64::MAX - u64::MAX / 8 + u64::MAX / 8
+        );
+    }
+
+    #[test]
+    fn slow_handlers_do_not_shrink_what_the_checkpoints_allow() {
+        let worker = worker(64);
+        let kind: Kind = "test.nothing".parse().expect("valid");
+        worker.timed(&kind, Instant::now() - Duration::from_millis(10));
+        assert!((9..=10).contains(&worker.next_group_size()));
+        worker.fit_groups(31, 31, true);
+        worker.fit_groups(0, 31, false);
+        for _ in 0..100 {
+            worker.timed(&kind, Instant::now());
+        }
+        assert_eq!(
+            worker.next_group_size(),
+            64,
+            "grown from 32, not from the time's 10"
         );
     }
 }

@@ -452,18 +452,8 @@ impl Fields {
         for key in unknown {
             self.issue(Field::Unknown(key), Problem::UnknownField);
         }
-        match (job_id, tenant_id, correlation_id, kind, data) {
-            (Some(job_id), Some(tenant_id), Some(correlation_id), Some(kind), Some(data))
-                if self.issues.is_empty() =>
-            {
-                Ok(Envelope {
-                    job_id,
-                    tenant_id,
-                    correlation_id,
-                    kind,
-                    data,
-                })
-            }
+        match assembled(job_id, tenant_id, correlation_id, kind, data) {
+            Some(envelope) if self.issues.is_empty() => Ok(envelope),
             _ => Err(EnvelopeError {
                 issues: self.issues,
             }),
@@ -489,6 +479,23 @@ impl Fields {
     fn issue(&mut self, field: Field, problem: Problem) {
         self.issues.push(Issue { field, problem });
     }
+}
+
+/// The envelope of its five fields, when each was read.
+fn assembled(
+    job_id: Option<JobId>,
+    tenant_id: Option<TenantId>,
+    correlation_id: Option<CorrelationId>,
+    kind: Option<Kind>,
+    data: Option<Value>,
+) -> Option<Envelope> {
+    Some(Envelope {
+        job_id: job_id?,
+        tenant_id: tenant_id?,
+        correlation_id: correlation_id?,
+        kind: kind?,
+        data: data?,
+    })
 }
 
 fn json_type(value: &Value) -> &'static str {
@@ -621,18 +628,8 @@ impl<'de> Visitor<'de> for ValidEnvelope<'_> {
                 Key::Unknown => return Err(de::Error::custom("not a field of the envelope")),
             }
         }
-        match (job_id, tenant_id, correlation_id, kind, data) {
-            (Some(job_id), Some(tenant_id), Some(correlation_id), Some(kind), Some(data)) => {
-                Ok(Envelope {
-                    job_id,
-                    tenant_id,
-                    correlation_id,
-                    kind,
-                    data,
-                })
-            }
-            _ => Err(de::Error::custom("a field is missing")),
-        }
+        assembled(job_id, tenant_id, correlation_id, kind, data)
+            .ok_or_else(|| de::Error::custom("a field is missing"))
     }
 }
 

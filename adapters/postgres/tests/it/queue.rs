@@ -1087,7 +1087,8 @@ async fn undoing_a_failed_job_in_a_group_keeps_what_its_neighbours_settled() {
     .await;
 }
 
-/// Writes one row per run of a job, without a unique constraint: a job run twice shows.
+/// Writes one row per run of a job, without a unique constraint (a job run twice shows), then
+/// fails on the first attempt when its data says `"fail": true`.
 struct Counts;
 
 #[async_trait::async_trait]
@@ -1099,14 +1100,25 @@ impl jobs_testkit::runtime::Handler<PgWorkTx> for Counts {
         job: jobs_testkit::runtime::Job<serde_json::Value>,
         tx: &mut PgWorkTx,
     ) -> Result<(), jobs_testkit::runtime::JobError> {
-        let n = job.envelope.data["n"].as_u64().unwrap_or_default();
+        let n = job.envelope.data["n"].as_i64().unwrap_or_default();
         sqlx::query("insert into run_effects (n) values ($1)")
-            .bind(n as i64)
+            .bind(n)
             .execute(tx.conn())
             .await
-            .map(drop)
-            .map_err(jobs_testkit::runtime::JobError::retry)
+            .map_err(jobs_testkit::runtime::JobError::retry)?;
+        if job.envelope.data["fail"] == true && job.attempt == 1 {
+            return Err(jobs_testkit::runtime::JobError::retry("fails once"));
+        }
+        Ok(())
     }
+}
+
+/// The jobs whose effect `run_effects` holds more than once, with their counts.
+async fn run_twice(store: &PgStore) -> Vec<(i64, i64)> {
+    sqlx::query_as("select n, count(*) from run_effects group by n having count(*) > 1")
+        .fetch_all(store.pool())
+        .await
+        .expect("read the effects")
 }
 
 /// Publishes jobs `from..to` on `jobs` for the [`Counts`] handler.
@@ -1188,39 +1200,97 @@ async fn groups_fit_the_transactions_checkpoint_budget() {
         let outcomes = worker.run_once().await.expect("run");
         assert_eq!(outcomes_of(&outcomes), (8, 0), "{outcomes:?}");
         assert_eq!(worker.next_group_size(), 48);
-        let runs: Vec<(i64, i64)> =
-            sqlx::query_as("select n, count(*) from run_effects group by n having count(*) > 1")
-                .fetch_all(store.pool())
-                .await
-                .expect("read the effects");
+        let runs = run_twice(&store).await;
         assert!(runs.is_empty(), "jobs run twice: {runs:?}");
     })
     .await;
 }
 
-/// Writes a row, then fails on the first attempt when its data says so.
-struct Flaky;
+/// [`Counts`], made ready first as its data says: `"ready": "wait"` after a pause (its
+/// readiness pending when first asked), `"defer"` not at all (deferred a minute).
+struct Readied;
 
 #[async_trait::async_trait]
-impl jobs_testkit::runtime::Handler<PgWorkTx> for Flaky {
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Readied {
     type Data = serde_json::Value;
+
+    async fn ready(
+        &self,
+        job: &jobs_testkit::runtime::Job<serde_json::Value>,
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
+        match job.envelope.data["ready"].as_str() {
+            Some("wait") => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(())
+            }
+            Some("defer") => Err(jobs_testkit::runtime::JobError::Defer {
+                until: std::time::SystemTime::now() + Duration::from_secs(60),
+            }),
+            _ => Ok(()),
+        }
+    }
 
     async fn handle(
         &self,
         job: jobs_testkit::runtime::Job<serde_json::Value>,
         tx: &mut PgWorkTx,
     ) -> Result<(), jobs_testkit::runtime::JobError> {
-        let n = job.envelope.data["n"].as_i64().unwrap_or_default();
-        sqlx::query("insert into run_effects (n) values ($1)")
-            .bind(n)
-            .execute(tx.conn())
-            .await
-            .map_err(jobs_testkit::runtime::JobError::retry)?;
-        if job.envelope.data["fail"] == true && job.attempt == 1 {
-            return Err(jobs_testkit::runtime::JobError::retry("fails once"));
-        }
-        Ok(())
+        Counts.handle(job, tx).await
     }
+}
+
+/// A group asks each job's handler whether it is ready before its transaction opens, waits
+/// for those that are not yet, and settles on their own those that will not be.
+#[tokio::test]
+async fn a_group_runs_the_jobs_that_get_ready_and_defers_the_others() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        sqlx::query("create table run_effects (n bigint not null)")
+            .execute(store.pool())
+            .await
+            .expect("create the effects table");
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.ready");
+        let worker = grouped(&store, queue.clone(), jobs.clone(), Readied)
+            .build()
+            .expect("valid");
+        let batch: Vec<NewJob> = [(1, "wait"), (2, "defer"), (3, "now"), (4, "wait")]
+            .into_iter()
+            .map(|(n, ready)| NewJob {
+                envelope: fixtures::envelope_with(
+                    1,
+                    "test.job",
+                    serde_json::json!({ "n": n, "ready": ready }),
+                ),
+                opts: PublishOptions::default(),
+            })
+            .collect();
+        queue.publish_batch(&jobs, &batch).await.expect("publish");
+        let outcomes = worker.run_once().await.expect("run");
+        use jobs_testkit::runtime::Outcome;
+        assert_eq!(outcomes[0], Outcome::Processed);
+        assert!(
+            matches!(outcomes[1], Outcome::Deferred { .. }),
+            "{outcomes:?}"
+        );
+        assert_eq!(outcomes[2..], [Outcome::Processed, Outcome::Processed]);
+        let effects: Vec<i64> = sqlx::query_scalar("select n from run_effects order by n")
+            .fetch_all(store.pool())
+            .await
+            .expect("effects");
+        assert_eq!(effects, [1, 3, 4]);
+        let (deliveries, leased): (i32, bool) =
+            sqlx::query_as("select deliveries, leased from core.jobs")
+                .fetch_one(store.pool())
+                .await
+                .expect("the deferred job");
+        assert_eq!(
+            (deliveries, leased),
+            (0, false),
+            "deferred, its attempt unspent"
+        );
+    })
+    .await;
 }
 
 /// One group of two kinds, with a retry and a second copy of a job: each job counted once, by
@@ -1249,8 +1319,8 @@ fn a_grouped_worker_counts_each_job_once_by_outcome_and_kind() {
                 queue.clone(),
                 Arc::new(store.clone()),
             )
-            .handler("test.a".parse().expect("valid"), Flaky)
-            .handler("test.b".parse().expect("valid"), Flaky)
+            .handler("test.a".parse().expect("valid"), Counts)
+            .handler("test.b".parse().expect("valid"), Counts)
             .grouped(queue.clone())
             .build()
             .expect("valid");
@@ -1333,7 +1403,7 @@ impl jobs_testkit::runtime::Handler<PgWorkTx> for Rerunnable {
             .expect("not poisoned")
             .entry(n)
             .or_default() += 1;
-        Flaky.handle(job, tx).await
+        Counts.handle(job, tx).await
     }
 }
 
@@ -1443,11 +1513,7 @@ async fn the_grouped_loop_drains_a_backlog_once_and_leaves_the_queue_empty() {
         }
         stop.send(()).expect("running");
         running.await.expect("stops");
-        let runs: Vec<(i64, i64)> =
-            sqlx::query_as("select n, count(*) from run_effects group by n having count(*) > 1")
-                .fetch_all(store.pool())
-                .await
-                .expect("read the effects");
+        let runs = run_twice(&store).await;
         assert!(runs.is_empty(), "jobs run twice: {runs:?}");
         let depth = queue.depth(&jobs).await.expect("depth");
         assert_eq!(
