@@ -256,6 +256,14 @@ fn plan(nextest: bool) -> Vec<Step> {
                 "warnings",
             ])],
         ),
+        // Cheap beside the tests, so a broken doc link fails within minutes.
+        run(
+            "doc",
+            &[Cmd {
+                env: &[("RUSTDOCFLAGS", "-D warnings")],
+                args: &["doc", "--workspace", "--no-deps", "--all-features"],
+            }],
+        ),
         run("schema", &[SCHEMA_CHECK]),
         // The library a module binary links, with one adapter: it must build on its own.
         run(
@@ -283,13 +291,6 @@ fn plan(nextest: bool) -> Vec<Step> {
         check("conformance", conformance::run),
         check("browser", browser::run),
         check("mutants", mutants::ci),
-        run(
-            "doc",
-            &[Cmd {
-                env: &[("RUSTDOCFLAGS", "-D warnings")],
-                args: &["doc", "--workspace", "--no-deps", "--all-features"],
-            }],
-        ),
     ]
 }
 
@@ -493,13 +494,13 @@ mod tests {
                 "services",
                 "emulators",
                 "clippy",
+                "doc",
                 "schema",
                 "features",
                 "test",
                 "conformance",
                 "browser",
-                "mutants",
-                "doc"
+                "mutants"
             ]
         );
     }

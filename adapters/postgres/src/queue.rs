@@ -648,8 +648,8 @@ impl SettleInTransaction<PgStore> for PgQueue {
 
     /// Deletes, in `tx`, the rows whose generation is the lease's and still leased: another
     /// receiver's `skip locked` passes them by until the transaction ends, and if it commits
-    /// they are acked without another statement; [`settle`](Self::settle) puts back those to
-    /// retry or defer.
+    /// they are acked without another statement; `settle` puts back those to retry or
+    /// defer.
     async fn hold(&self, tx: &mut PgWorkTx, leases: &[&Lease]) -> Result<Vec<bool>, StoreError> {
         let (ids, generations) = tokens(leases.iter().copied());
         let taken: TakenRows = sqlx::query_as(&HOLD)
