@@ -8,16 +8,21 @@
 //! taken only when something that must be kept was written since the last one: handlers that
 //! write nothing cost none, nor does the first job after the claims (claims can be made again).
 //!
-//! When a failed job has no checkpoint to go back to (it was the first to write, or every job
-//! of the group is [`RERUNNABLE`](crate::Handler::RERUNNABLE) and none was taken), the group
-//! rolls back and makes another pass in a new transaction: the claims again, the jobs whose
-//! outcome is known settled as decided, and only the jobs that have to run again run (ones
-//! that never ran, and rerunnable ones whose writes were rolled back), now with a checkpoint
-//! before each; a group of rerunnable jobs makes up to two more passes without checkpoints
-//! first, each a failure shorter. A conflict with another transaction (a deadlock, a serialization failure) in
-//! the group's own statements makes its jobs run again one by one, without spending an
-//! attempt.
+//! A group whose every job is [`RERUNNABLE`](crate::Handler::RERUNNABLE) is optimistic: it
+//! takes a checkpoint only every so many jobs that wrote, spaced by how often jobs failed
+//! after writing lately ([`Worker::checkpoint_every`]; none while they did not), and a failure
+//! goes back to the last one and runs again the jobs whose writes went with it.
+//!
+//! When a failed job has no checkpoint to go back to (it was the first to write, or the group
+//! is optimistic and took none), the group rolls back and makes another pass in a new
+//! transaction: the claims again, the jobs whose outcome is known settled as decided, and only
+//! the jobs that have to run again run (ones that never ran, and rerunnable ones whose writes
+//! were rolled back), now with a checkpoint before each; an optimistic group makes up to two
+//! more optimistic passes first, each a failure shorter. A conflict with another transaction
+//! (a deadlock, a serialization failure) in the group's own statements makes its jobs run
+//! again one by one, without spending an attempt.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Instant, SystemTime};
@@ -334,8 +339,9 @@ where
 
     /// One pass of a group in `tx`: hold, claim, run what has to run, settle. `careful` takes a
     /// checkpoint before a job whenever something that must be kept was written since the
-    /// last; `second` takes one before the first job to run as well, so nothing of this pass
-    /// can need another.
+    /// last (otherwise every job is rerunnable, and checkpoints are as far apart as
+    /// [`Worker::checkpoint_every`] says); `second` takes one before the first job to run as
+    /// well, so nothing of this pass can need another.
     async fn pass<Q>(
         &self,
         queue: &Q,
@@ -365,39 +371,58 @@ where
         }
         let live: Vec<usize> = live_claims.iter().map(|&(i, _)| i).collect();
         tx.take_touched();
+        // What is left to run or redo, in the group's order; a job whose writes an undo took
+        // with a failed one's goes back to its front.
+        let mut queued = VecDeque::with_capacity(live.len());
+        for (i, claim) in live_claims {
+            if claim == Claim::Claimed {
+                queued.push_back(i);
+            } else {
+                // Settled before: processed, or dead-lettered (a replay releases the claim).
+                members[i].decided = Some(Decided::Duplicate);
+            }
+        }
         // Written since the last checkpoint and not to be lost: a handler's writes, or the
         // runtime's own after a failure (a released claim, a dead letter).
         let mut dirty = second;
         let mut checkpointed = false;
         let (budget, mut checkpoints) = (tx.checkpoint_budget(), 0usize);
+        // A careful pass checkpoints whenever something is dirty; an optimistic one (every job
+        // rerunnable) only every so many jobs that wrote, while jobs fail after writing.
+        let every = if careful {
+            Some(1)
+        } else {
+            self.checkpoint_every()
+        };
+        // The jobs done since the last checkpoint, and how many of them wrote.
+        let (mut since, mut wrote_since) = (Vec::new(), 0usize);
         // The jobs that would have needed a checkpoint past the budget: given back, unrun.
         let mut given_back = Vec::new();
-        for (i, claim) in live_claims {
+        while let Some(i) = queued.pop_front() {
             let member = &mut members[i];
-            if claim != Claim::Claimed {
-                // Settled before: processed, or dead-lettered (a replay releases the claim).
-                member.decided = Some(Decided::Duplicate);
-                continue;
-            }
             if member.decided.is_some() {
-                // Decided in the first pass: its store actions again, its handler not.
+                // Decided before (in a pass or before an undo): its store actions again, its
+                // handler not.
                 dirty |= self.redo(tx, member).await?;
+                since.push(i);
                 continue;
             }
-            if careful && dirty {
-                if checkpoints >= budget {
+            if dirty && every.is_some_and(|every| careful || wrote_since >= every) {
+                if checkpoints < budget {
+                    tx.checkpoint().await?;
+                    checkpoints += 1;
+                    (dirty, checkpointed) = (false, true);
+                    (since, wrote_since) = (Vec::new(), 0);
+                } else if careful {
                     // Out of checkpoints: it waits for another group, its attempt unspent.
                     member.decided = Some(Decided::Deferred(self.clock.now()));
                     given_back.push(member.job_id);
                     continue;
                 }
-                tx.checkpoint().await?;
-                checkpoints += 1;
-                (dirty, checkpointed) = (false, true);
             }
             let prepared = match member.prepared.take() {
                 Some(prepared) => prepared,
-                // Rolled back in the first pass: prepared anew.
+                // Rolled back before: prepared anew.
                 None => match self.triage(&member.delivery) {
                     Ok(ready) => {
                         member.cancel = ready.cancel;
@@ -413,23 +438,46 @@ where
                 .await;
             self.timed(&member.kind, started);
             let wrote = tx.take_touched();
+            self.count_undo(wrote && result.is_err());
             let error = match result {
                 Ok(()) => {
                     member.decided = Some(Decided::Processed { wrote });
                     dirty |= wrote;
+                    wrote_since += usize::from(wrote);
+                    since.push(i);
                     continue;
                 }
                 Err(error) => error,
             };
             member.decided = Some(self.failed(member, error));
             if wrote {
-                if !(careful && checkpointed) {
+                if !checkpointed {
                     // Nothing to go back to that keeps the others' writes.
                     return Err(Stop::Again);
                 }
                 tx.undo().await?;
+                // What the jobs since the checkpoint wrote went too: the rerunnable ones run
+                // again (a careful pass leaves none that wrote), the runtime's own redone.
+                for j in since.drain(..).rev() {
+                    match members[j].decided {
+                        Some(Decided::Processed { wrote: false } | Decided::Duplicate) => {}
+                        Some(Decided::Processed { wrote: true }) if !members[j].rerunnable => {
+                            return Err(Stop::Failed(
+                                "an undo took the writes of a job that may not run again".into(),
+                            ));
+                        }
+                        Some(Decided::Processed { wrote: true }) => {
+                            members[j].decided = None;
+                            queued.push_front(j);
+                        }
+                        _ => queued.push_front(j),
+                    }
+                }
+                (dirty, wrote_since) = (false, 0);
             }
+            let member = &mut members[i];
             dirty |= self.redo(tx, member).await?;
+            since.push(i);
         }
         if !given_back.is_empty() {
             tx.unclaim_all(&given_back, &self.consumer).await?;

@@ -251,8 +251,9 @@ pub trait Handler<Tx: Send>: Send + Sync + 'static {
     /// email, no write anywhere else, so running it again after its transaction rolled back
     /// repeats nothing. A grouped worker then runs a group of such jobs without a checkpoint
     /// per job (one round trip fewer for each job that writes), and when one of them fails,
-    /// rolls the group back and runs the others again. `false` by default: a failing job then
-    /// never makes a neighbour's handler run twice.
+    /// goes back to a sparser checkpoint or rolls the group back, and runs the others since
+    /// again. `false` by default: a failing job then never makes a neighbour's handler run
+    /// twice.
     const RERUNNABLE: bool = false;
 
     /// Does the job's work in `tx`.

@@ -672,6 +672,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
             span: std::sync::OnceLock::new(),
             group_limit,
             handler_ns: std::sync::atomic::AtomicU64::new(0),
+            undo_ppm: std::sync::atomic::AtomicU64::new(0),
             group_time,
             store_failures: std::sync::atomic::AtomicU32::new(0),
         })
@@ -763,6 +764,10 @@ pub struct Worker<S: WorkStore> {
     /// The handlers' recent mean time, in nanoseconds (0 before the first): the next groups
     /// hold about `group_time` of it.
     handler_ns: std::sync::atomic::AtomicU64,
+    /// How often, lately, a grouped job failed after writing, in parts per million (each job
+    /// weighs 1/64): how far apart a group of rerunnable jobs takes its checkpoints
+    /// ([`Worker::checkpoint_every`]).
+    undo_ppm: std::sync::atomic::AtomicU64,
     /// [`WorkerConfig::group_time`], at most [`FAIR_GROUP_TIME`] when the worker is fair.
     group_time: Duration,
 }
@@ -1395,6 +1400,30 @@ where
             let limit = self.group_limit.load(Relaxed);
             self.group_limit
                 .store(limit.saturating_mul(2).min(size), Relaxed);
+        }
+    }
+
+    /// Folds one grouped job into the rate of failures after writing ([`Worker::undo_ppm`]).
+    pub(crate) fn count_undo(&self, undone: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ppm = self.undo_ppm.load(Relaxed);
+        let sample = if undone { 1_000_000 } else { 0 };
+        self.undo_ppm
+            .store(ppm - ppm.div_ceil(64) + sample / 64, Relaxed);
+    }
+
+    /// How many jobs that write a group of rerunnable jobs runs between checkpoints: none
+    /// while they do not fail after writing. A checkpoint costs about a job's round trip, and a
+    /// failure rolls back to the last one and runs again the jobs since (half the interval,
+    /// on average), so with a failure rate `p` the interval `sqrt(2 / p)` costs least.
+    pub(crate) fn checkpoint_every(&self) -> Option<usize> {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.undo_ppm.load(Relaxed) {
+            0 => None,
+            ppm => {
+                let every = (2_000_000 / ppm).isqrt().max(1);
+                Some(usize::try_from(every).unwrap_or(usize::MAX))
+            }
         }
     }
 

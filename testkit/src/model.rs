@@ -1129,9 +1129,10 @@ where
 }
 
 /// [`check_grouped_invariants`] with the model's handler declared
-/// [`RERUNNABLE`](Handler::RERUNNABLE): groups take no checkpoints, and a failure rolls its
-/// group back and runs the others again, which every invariant must survive (a rerun after a
-/// rollback is no second run to a commit).
+/// [`RERUNNABLE`](Handler::RERUNNABLE): groups take checkpoints only as often as jobs failed
+/// lately, and a failure goes back to the last one (or rolls its group back) and runs the
+/// others since again, which every invariant must survive (a rerun after an undo is no second
+/// run to a commit).
 pub fn check_grouped_rerunnable_invariants<S, Q, F, Fut>(cases: u32, setup: F) -> Arc<GroupStats>
 where
     S: WorkStore + DeadLetterStore + Clone,

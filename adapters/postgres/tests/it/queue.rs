@@ -829,7 +829,8 @@ fn the_grouped_runtime_keeps_every_invariant_on_a_fair_pg_queue() {
 }
 
 /// The grouped invariants again with the model's handler declared `RERUNNABLE`: groups take
-/// no checkpoints, and a failure rolls its group back and makes a second pass.
+/// checkpoints only as often as jobs failed lately (none at first), and a failure goes back to
+/// the last one or, without one, rolls its group back and makes another pass.
 #[test]
 fn the_grouped_runtime_keeps_every_invariant_with_rerunnable_handlers() {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -842,8 +843,10 @@ fn the_grouped_runtime_keeps_every_invariant_with_rerunnable_handlers() {
     let (groups, released, undone, crashed) = stats.counts();
     println!(
         "rerunnable grouped model: {groups} groups of two jobs or more, {released} retries and \
-         deferrals settled in a group, {undone} undone to a checkpoint (in second passes, \
-         which are careful), {crashed} crashed"
+         deferrals settled in a group, {undone} undone to a checkpoint (few: the model's \
+         groups are smaller than the checkpoints' spacing; \
+         a_rerunnable_group_checkpoints_as_often_as_its_jobs_fail undoes an optimistic one), \
+         {crashed} crashed"
     );
     assert!(
         groups > 0 && released > 0 && crashed > 0,
@@ -1379,8 +1382,9 @@ fn a_grouped_worker_counts_each_job_once_by_outcome_and_kind() {
     assert_eq!(timed, [("test.a".to_owned(), 2), ("test.b".to_owned(), 2)]);
 }
 
-/// Writes a row, counts its runs, and fails on the first attempt when its data says so; its
-/// only effect is the row, so it may run again.
+/// Writes a row, counts its runs, and fails on the first attempt when its data says so (with
+/// `"early"`, before writing: `"retry"` or `"permanent"`); its only effect is the row, so it
+/// may run again.
 #[derive(Clone, Default)]
 struct Rerunnable {
     runs: Arc<std::sync::Mutex<std::collections::HashMap<i64, u32>>>,
@@ -1403,7 +1407,12 @@ impl jobs_testkit::runtime::Handler<PgWorkTx> for Rerunnable {
             .expect("not poisoned")
             .entry(n)
             .or_default() += 1;
-        Counts.handle(job, tx).await
+        use jobs_testkit::runtime::JobError;
+        match job.envelope.data["early"].as_str() {
+            Some("retry") if job.attempt == 1 => Err(JobError::retry("fails before writing")),
+            Some("permanent") => Err(JobError::permanent("refuses before writing")),
+            _ => Counts.handle(job, tx).await,
+        }
     }
 }
 
@@ -1461,6 +1470,93 @@ async fn a_rerunnable_group_tries_again_without_checkpoints_then_carefully() {
             .await
             .expect("effects");
         let expected: Vec<i64> = (0..34).filter(|n| !(1..=3).contains(n)).collect();
+        assert_eq!(effects, expected, "each processed job's row, once");
+    })
+    .await;
+}
+
+/// Once rerunnable jobs have failed after writing, their groups take a checkpoint every so
+/// many jobs that wrote, and a failure goes back to the last one: only the jobs since run
+/// again, in the same transaction, rather than the whole group in another.
+#[tokio::test]
+async fn a_rerunnable_group_checkpoints_as_often_as_its_jobs_fail() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        sqlx::query("create table run_effects (n bigint not null)")
+            .execute(store.pool())
+            .await
+            .expect("create the effects table");
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.rerun");
+        let handler = Rerunnable::default();
+        let worker = grouped(&store, queue.clone(), jobs.clone(), handler.clone())
+            .group_size(48)
+            .group_time(Duration::from_secs(60))
+            .build()
+            .expect("valid");
+        let publish = |range: std::ops::Range<i64>, failing: i64| {
+            let early = |n| match n {
+                131 => "retry",
+                132 => "permanent",
+                _ => "",
+            };
+            let batch: Vec<NewJob> = range
+                .map(|n| NewJob {
+                    envelope: fixtures::envelope_with(
+                        1,
+                        "test.job",
+                        serde_json::json!({ "n": n, "fail": n == failing, "early": early(n) }),
+                    ),
+                    opts: PublishOptions::default(),
+                })
+                .collect();
+            let (queue, jobs) = (queue.clone(), jobs.clone());
+            async move { queue.publish_batch(&jobs, &batch).await.expect("publish") }
+        };
+        let runs = |n: i64| handler.runs.lock().expect("not poisoned")[&n];
+        // The first failure after writing finds no checkpoint: a second pass runs job 0 again.
+        publish(0..40, 1).await;
+        worker.run_once().await.expect("run");
+        assert_eq!((runs(0), runs(1), runs(2)), (2, 1, 1));
+        // That failure, folded into the rate (1/64) and decayed by the 39 jobs after it,
+        // spaces the next group's checkpoints 15 writing jobs apart: before jobs 115 and 130.
+        // Jobs 131 and 132 fail before writing (a retry and a dead letter); job 135 fails
+        // after writing, and the undo goes back to before job 130: jobs 130, 133 and 134 run
+        // again, 131's claim is released and 132's letter recorded again, and no other runs.
+        publish(100..140, 135).await;
+        let outcomes = worker.run_once().await.expect("run");
+        let twice: Vec<i64> = (100..140).filter(|&n| runs(n) == 2).collect();
+        assert_eq!(twice, [130, 133, 134]);
+        assert!((100..140).all(|n| (1..=2).contains(&runs(n))));
+        use jobs_testkit::runtime::Outcome;
+        let retried: Vec<usize> = (0..40)
+            .filter(|&i| matches!(outcomes[i], Outcome::Retrying { .. }))
+            .collect();
+        assert_eq!(retried, [31, 35], "{outcomes:?}");
+        assert!(
+            matches!(outcomes[32], Outcome::DeadLettered { .. }),
+            "{outcomes:?}"
+        );
+        let letters =
+            jobs_core::DeadLetterStore::list(&store, &jobs_core::DeadLetterFilter::default())
+                .await
+                .expect("list");
+        assert_eq!(letters.len(), 1, "job 132's letter, once: {letters:?}");
+        // Every job holds its claim but the three to retry (1, 131 and 135): the released
+        // claims survived the undo.
+        let claims: i64 = sqlx::query_scalar("select count(*) from core.processed_jobs")
+            .fetch_one(store.pool())
+            .await
+            .expect("claims");
+        assert_eq!(claims, 80 - 3);
+        let effects: Vec<i64> = sqlx::query_scalar("select n from run_effects order by n")
+            .fetch_all(store.pool())
+            .await
+            .expect("effects");
+        let expected: Vec<i64> = (0..40)
+            .chain(100..140)
+            .filter(|&n| ![1, 131, 132, 135].contains(&n))
+            .collect();
         assert_eq!(effects, expected, "each processed job's row, once");
     })
     .await;
