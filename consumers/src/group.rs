@@ -456,22 +456,15 @@ where
                     return Err(Stop::Again);
                 }
                 tx.undo().await?;
-                // What the jobs since the checkpoint wrote went too: the rerunnable ones run
-                // again (a careful pass leaves none that wrote), the runtime's own redone.
+                // What the jobs since the checkpoint wrote went too: the ones that wrote run
+                // again (rerunnable: a careful pass checkpoints after every write, so it never
+                // undoes one), the others' store actions are redone.
                 for j in since.drain(..).rev() {
-                    match members[j].decided {
-                        Some(Decided::Processed { wrote: false } | Decided::Duplicate) => {}
-                        Some(Decided::Processed { wrote: true }) if !members[j].rerunnable => {
-                            return Err(Stop::Failed(
-                                "an undo took the writes of a job that may not run again".into(),
-                            ));
-                        }
-                        Some(Decided::Processed { wrote: true }) => {
-                            members[j].decided = None;
-                            queued.push_front(j);
-                        }
-                        _ => queued.push_front(j),
+                    if let Some(Decided::Processed { wrote: true }) = members[j].decided {
+                        debug_assert!(members[j].rerunnable, "a careful pass undid a write");
+                        members[j].decided = None;
                     }
+                    queued.push_front(j);
                 }
                 (dirty, wrote_since) = (false, 0);
             }
