@@ -562,6 +562,62 @@ impl RateLimiter for RedisRateLimiter {
 mod tests {
     use super::*;
 
+    /// A queue of acquisitions, each of one cost over `(key, capacity)` buckets.
+    fn queue_of(requests: &[&[(&str, u32)]]) -> Queue {
+        let mut queue = Queue::default();
+        for buckets in requests {
+            let buckets = buckets
+                .iter()
+                .map(|&(key, capacity)| {
+                    let bucket = Bucket::new(capacity, 1, Duration::from_secs(1)).expect("valid");
+                    (key.to_owned(), bucket)
+                })
+                .collect();
+            let (answer, _) = oneshot::channel();
+            queue.waiting.push_back(Waiting {
+                request: Request { buckets, cost: 1 },
+                answer,
+            });
+        }
+        queue
+    }
+
+    /// The first bucket key of each acquisition in `batch`.
+    fn keys(batch: &[Waiting]) -> Vec<&str> {
+        (batch.iter())
+            .map(|w| w.request.buckets[0].0.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_takes_acquisitions_in_order_until_one_gives_a_bucket_other_parameters() {
+        // `c` gives `k` another capacity than `a` did: the batch stops before it, even though
+        // `d` after it would fit; the same bucket twice, or another key, does not conflict.
+        let mut queue = queue_of(&[
+            &[("k", 5), ("t", 2)],
+            &[("j", 9), ("k", 5)],
+            &[("t", 3)],
+            &[("k", 5)],
+        ]);
+        let batch = Inner::next_batch(&mut queue);
+        assert_eq!(keys(&batch), ["k", "j"]);
+        let rest: Vec<&str> = (queue.waiting.iter())
+            .map(|w| w.request.buckets[0].0.as_str())
+            .collect();
+        assert_eq!(rest, ["t", "k"], "the conflicting one leads the next batch");
+        let next = Inner::next_batch(&mut queue);
+        assert_eq!(keys(&next), ["t", "k"]);
+        assert!(Inner::next_batch(&mut queue).is_empty() && queue.waiting.is_empty());
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_max_coalesced() {
+        let requests: Vec<&[(&str, u32)]> = vec![&[("k", 5)]; MAX_COALESCED + 2];
+        let mut queue = queue_of(&requests);
+        assert_eq!(Inner::next_batch(&mut queue).len(), MAX_COALESCED);
+        assert_eq!(Inner::next_batch(&mut queue).len(), 2);
+    }
+
     #[test]
     fn a_limiter_shows_where_it_points_and_its_prefix_never_the_password() {
         let limiter = RedisRateLimiter::new("redis://:hunter2-secret@127.0.0.1:6390/0", "jobs")
