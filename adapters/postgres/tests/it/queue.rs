@@ -1562,6 +1562,113 @@ async fn a_rerunnable_group_checkpoints_as_often_as_its_jobs_fail() {
     .await;
 }
 
+/// Writes a row per run; while its job waits to be ready, moves the lease of the job its data
+/// names (`"steal"`) on, as another worker that received it after its lease ran out would.
+struct Steals {
+    pool: PgPool,
+    runs: Arc<std::sync::Mutex<Vec<i64>>>,
+}
+
+#[async_trait::async_trait]
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Steals {
+    type Data = serde_json::Value;
+
+    async fn ready(
+        &self,
+        job: &jobs_testkit::runtime::Job<serde_json::Value>,
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
+        if let Some(victim) = job.envelope.data["steal"].as_str() {
+            sqlx::query("update core.jobs set lease_gen = lease_gen + 1 where dedup_key = $1")
+                .bind(victim)
+                .execute(&self.pool)
+                .await
+                .expect("move the lease on");
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        job: jobs_testkit::runtime::Job<serde_json::Value>,
+        tx: &mut PgWorkTx,
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
+        let n = job.envelope.data["n"].as_i64().unwrap_or_default();
+        self.runs.lock().expect("not poisoned").push(n);
+        Counts.handle(job, tx).await
+    }
+}
+
+/// A job whose lease another worker took before its group held it is not run, claimed or
+/// settled by the group: its neighbours commit, and it stays with the other worker.
+#[tokio::test]
+async fn a_job_whose_lease_moved_on_before_its_group_held_it_is_left_to_its_new_holder() {
+    use jobs_testkit::runtime::Outcome;
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        sqlx::query("create table run_effects (n bigint not null)")
+            .execute(store.pool())
+            .await
+            .expect("create the effects table");
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.lost");
+        let victim = fixtures::envelope_with(1, "test.job", serde_json::json!({ "n": 2 }));
+        let thief = fixtures::envelope_with(
+            1,
+            "test.job",
+            serde_json::json!({ "n": 1, "steal": victim.job_id.to_string() }),
+        );
+        let last = fixtures::envelope_with(1, "test.job", serde_json::json!({ "n": 3 }));
+        for envelope in [&thief, &victim, &last] {
+            queue
+                .publish(&jobs, envelope, PublishOptions::default())
+                .await
+                .expect("publish");
+        }
+        let runs = Arc::default();
+        let handler = Steals {
+            pool: store.pool().clone(),
+            runs: Arc::clone(&runs),
+        };
+        let worker = grouped(&store, queue.clone(), jobs.clone(), handler)
+            .group_size(3)
+            .build()
+            .expect("valid");
+        let outcomes = worker.run_once().await.expect("run");
+        assert!(
+            matches!(
+                &outcomes[..],
+                [Outcome::Processed, Outcome::Unsettled { error }, Outcome::Processed]
+                    if error.contains("lease was lost")
+            ),
+            "{outcomes:?}"
+        );
+        assert_eq!(
+            *runs.lock().expect("not poisoned"),
+            [1, 3],
+            "job 2 never ran"
+        );
+        let effects: Vec<i64> = sqlx::query_scalar("select n from run_effects order by n")
+            .fetch_all(store.pool())
+            .await
+            .expect("effects");
+        assert_eq!(effects, [1, 3]);
+        let (left, claims): (Vec<String>, i64) = sqlx::query_as(
+            "select (select coalesce(array_agg(dedup_key), '{}') from core.jobs where leased), \
+                    (select count(*) from core.processed_jobs)",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("read the queue");
+        assert_eq!(
+            left,
+            [victim.job_id.to_string()],
+            "job 2 is still leased, to its thief"
+        );
+        assert_eq!(claims, 2, "no claim for job 2");
+    })
+    .await;
+}
+
 /// `Worker::run` grouped, as a worker process runs it: every job of a backlog processed
 /// once, in groups, and the queue empty after the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
