@@ -116,7 +116,8 @@ enum Decided {
     DeadLettered {
         reason: DeadReason,
         error: String,
-        /// The letter as recorded, in this pass.
+        /// The letter as recorded, by the latest pass (a pass after a rollback records it
+        /// again).
         recorded: Option<Recorded>,
     },
 }
@@ -537,17 +538,14 @@ where
         }
     }
 
-    /// After a first pass rolled back: the jobs whose writes went with it run again if they
-    /// may (the careful pass never rolls back a job that may not), their dead letters are
-    /// recorded anew.
+    /// After a pass rolled back: the jobs whose writes went with it run again (rerunnable: a
+    /// careful pass rolls back only when its failing job was the first to write); the others'
+    /// store actions, dead letters included, are redone by the next pass.
     fn forget_rolled_back(&self, members: &mut [Member<S::Tx>]) {
         for member in members {
-            match &mut member.decided {
-                Some(Decided::Processed { wrote: true }) if member.rerunnable => {
-                    member.decided = None;
-                }
-                Some(Decided::DeadLettered { recorded, .. }) => *recorded = None,
-                _ => {}
+            if let Some(Decided::Processed { wrote: true }) = member.decided {
+                debug_assert!(member.rerunnable, "a rollback took a careful pass's write");
+                member.decided = None;
             }
         }
     }
