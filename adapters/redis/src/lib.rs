@@ -611,6 +611,41 @@ mod tests {
     }
 
     #[test]
+    fn a_lead_gives_its_slot_back_when_nothing_waits_or_no_runtime_can_drive_the_rest() {
+        let limiter = RedisRateLimiter::new("redis://127.0.0.1:6390/0", "jobs").expect("a URL");
+        let inner = &limiter.inner;
+        inner.queue().in_flight = 1;
+        drop(Lead(Arc::clone(inner)));
+        assert_eq!(
+            inner.queue().in_flight,
+            0,
+            "nothing waited: the slot is free"
+        );
+        // Outside a runtime no driver can start: the slot is freed and the acquisitions wait
+        // for the next caller to lead.
+        *inner.queue() = queue_of(&[&[("k", 5)]]);
+        inner.queue().in_flight = 1;
+        drop(Lead(Arc::clone(inner)));
+        let queue = inner.queue();
+        assert_eq!((queue.in_flight, queue.waiting.len()), (0, 1));
+    }
+
+    #[test]
+    fn a_bucket_whose_refill_outlasts_the_scripts_clock_is_refused() {
+        let key = BucketKey::provider("test");
+        // 2^31 ms per token times 2^20 tokens is the script's last representable time.
+        let bucket = |ms: u64| Bucket::new((1 << 20) - 1, 1, Duration::from_millis(ms));
+        let at_the_edge = bucket(1 << 31).expect("valid");
+        assert!(validate(&[(key.clone(), at_the_edge)], 1).is_ok());
+        let past_it = bucket((1 << 31) + 1).expect("valid");
+        let refused = validate(&[(key, past_it)], 1).expect_err("past the script's clock");
+        assert!(
+            refused.to_string().contains("takes too long to refill"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn a_batch_holds_at_most_max_coalesced() {
         let requests: Vec<&[(&str, u32)]> = vec![&[("k", 5)]; MAX_COALESCED + 2];
         let mut queue = queue_of(&requests);
