@@ -5,8 +5,9 @@
 //! run each job's handler, settle them all in one statement and commit once. A job that fails
 //! is undone back to a checkpoint taken before it, so its partial writes never commit and its
 //! neighbours' are kept, and their handlers never run again because of it. A checkpoint is
-//! taken only when something that must be kept was written since the last one: handlers that
-//! write nothing cost none, nor does the first job after the claims (claims can be made again).
+//! taken only when a handler wrote since the last one: handlers that write nothing cost none,
+//! nor does the first job after the claims (claims can be made again), nor the runtime's own
+//! writes after a failure (an undo that takes them redoes them).
 //!
 //! A group whose every job is [`RERUNNABLE`](crate::Handler::RERUNNABLE) is optimistic: it
 //! takes a checkpoint only every so many jobs that wrote, spaced by how often jobs failed
@@ -339,8 +340,7 @@ where
     }
 
     /// One pass of a group in `tx`: hold, claim, run what has to run, settle. `careful` takes a
-    /// checkpoint before a job whenever something that must be kept was written since the
-    /// last (otherwise every job is rerunnable, and checkpoints are as far apart as
+    /// checkpoint before a job whenever a handler wrote since the last (otherwise every job is rerunnable, and checkpoints are as far apart as
     /// [`Worker::checkpoint_every`] says); `second` takes one before the first job to run as
     /// well, so nothing of this pass can need another.
     async fn pass<Q>(
@@ -383,8 +383,9 @@ where
                 members[i].decided = Some(Decided::Duplicate);
             }
         }
-        // Written since the last checkpoint and not to be lost: a handler's writes, or the
-        // runtime's own after a failure (a released claim, a dead letter).
+        // A handler wrote since the last checkpoint (the runtime's own writes, a released claim
+        // or a dead letter, need none: an undo that takes them puts their jobs back in line to
+        // redo them).
         let mut dirty = second;
         let mut checkpointed = false;
         let (budget, mut checkpoints) = (tx.checkpoint_budget(), 0usize);
@@ -404,7 +405,7 @@ where
             if member.decided.is_some() {
                 // Decided before (in a pass or before an undo): its store actions again, its
                 // handler not.
-                dirty |= self.redo(tx, member).await?;
+                self.redo(tx, member).await?;
                 since.push(i);
                 continue;
             }
@@ -469,8 +470,7 @@ where
                 }
                 (dirty, wrote_since) = (false, 0);
             }
-            let member = &mut members[i];
-            dirty |= self.redo(tx, member).await?;
+            self.redo(tx, &mut members[i]).await?;
             since.push(i);
         }
         if !given_back.is_empty() {
@@ -517,25 +517,24 @@ where
 
     /// The store's side of a decided job in this transaction: a failed job's claim released
     /// for a retry or a deferral, or its dead letter recorded (the claim stays: they commit
-    /// together). Says whether it wrote.
-    async fn redo(&self, tx: &mut S::Tx, member: &mut Member<S::Tx>) -> Result<bool, StoreError>
+    /// together).
+    async fn redo(&self, tx: &mut S::Tx, member: &mut Member<S::Tx>) -> Result<(), StoreError>
     where
         S::Tx: GroupTransaction,
     {
         match &mut member.decided {
             Some(Decided::Retrying(_) | Decided::Deferred(_)) => {
                 tx.unclaim(member.job_id, &self.consumer).await?;
-                Ok(true)
             }
             Some(Decided::DeadLettered {
                 error, recorded, ..
             }) => {
                 let letter = self.letter(&member.delivery, &member.salvage, error.clone());
                 *recorded = Some(tx.record_dead_letter(letter).await?);
-                Ok(true)
             }
-            Some(Decided::Processed { .. } | Decided::Duplicate) | None => Ok(false),
+            Some(Decided::Processed { .. } | Decided::Duplicate) | None => {}
         }
+        Ok(())
     }
 
     /// After a pass rolled back: the jobs whose writes went with it run again (rerunnable: a

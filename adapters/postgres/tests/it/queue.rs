@@ -1669,6 +1669,81 @@ async fn a_job_whose_lease_moved_on_before_its_group_held_it_is_left_to_its_new_
     .await;
 }
 
+/// Records each job's transaction, so a test sees which jobs ran in one group.
+#[derive(Clone, Default)]
+struct Transactions {
+    seen: Arc<std::sync::Mutex<Vec<(i64, i64)>>>,
+}
+
+#[async_trait::async_trait]
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Transactions {
+    type Data = serde_json::Value;
+
+    async fn handle(
+        &self,
+        job: jobs_testkit::runtime::Job<serde_json::Value>,
+        tx: &mut PgWorkTx,
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
+        let n = job.envelope.data["n"].as_i64().unwrap_or_default();
+        let txid: i64 = sqlx::query_scalar("select txid_current()")
+            .fetch_one(tx.conn())
+            .await
+            .map_err(jobs_testkit::runtime::JobError::retry)?;
+        self.seen.lock().expect("not poisoned").push((n, txid));
+        Ok(())
+    }
+}
+
+/// The loop's first fetch takes one job (its slow start); with `group_linger` it then waits
+/// and fetches what fills the group, so the jobs published before it run in one transaction,
+/// and without it the first job runs alone.
+#[tokio::test]
+async fn a_lingering_fetch_fills_its_group_and_a_plain_one_does_not_wait() {
+    for (linger, groups) in [(Duration::from_millis(20), 1), (Duration::ZERO, 2)] {
+        with_databases(|dbs| async move {
+            let store = dbs.store().await;
+            let queue = Arc::new(PgQueue::new(store.pool().clone()));
+            let jobs = name("grouped.linger");
+            for n in 0..3 {
+                let envelope =
+                    fixtures::envelope_with(1, "test.job", serde_json::json!({ "n": n }));
+                queue
+                    .publish(&jobs, &envelope, PublishOptions::default())
+                    .await
+                    .expect("publish");
+            }
+            let handler = Transactions::default();
+            let worker = Arc::new(
+                grouped(&store, queue.clone(), jobs.clone(), handler.clone())
+                    .group_size(4)
+                    .group_linger(linger)
+                    .concurrency(1)
+                    .build()
+                    .expect("valid"),
+            );
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let running = tokio::spawn(worker.clone().run(async {
+                let _ = stopped.await;
+            }));
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while handler.seen.lock().expect("not poisoned").len() < 3 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "ran within a minute"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            stop.send(()).expect("running");
+            running.await.expect("stops");
+            let seen = handler.seen.lock().expect("not poisoned").clone();
+            let mut transactions: Vec<i64> = seen.iter().map(|&(_, txid)| txid).collect();
+            transactions.dedup();
+            assert_eq!(transactions.len(), groups, "linger {linger:?}: {seen:?}");
+        })
+        .await;
+    }
+}
+
 /// `Worker::run` grouped, as a worker process runs it: every job of a backlog processed
 /// once, in groups, and the queue empty after the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
