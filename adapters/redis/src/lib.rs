@@ -612,7 +612,7 @@ mod tests {
 
     #[test]
     fn a_lead_gives_its_slot_back_when_nothing_waits_or_no_runtime_can_drive_the_rest() {
-        let limiter = RedisRateLimiter::new("redis://127.0.0.1:6390/0", "jobs").expect("a URL");
+        let limiter = unreachable();
         let inner = &limiter.inner;
         inner.queue().in_flight = 1;
         drop(Lead(Arc::clone(inner)));
@@ -642,6 +642,63 @@ mod tests {
         assert!(
             refused.to_string().contains("takes too long to refill"),
             "{refused}"
+        );
+    }
+
+    /// A limiter whose Redis cannot be reached: a call that gets as far as Redis fails as
+    /// unavailable, one refused before fails as invalid.
+    fn unreachable() -> RedisRateLimiter {
+        RedisRateLimiter::new("redis://127.0.0.1:1/0", "jobs").expect("a URL")
+    }
+
+    #[tokio::test]
+    async fn a_queued_acquisition_starts_a_driver_only_below_the_in_flight_limit() {
+        let limiter = unreachable();
+        let bucket = [(
+            BucketKey::provider("test"),
+            Bucket::new(5, 1, Duration::from_secs(1)).expect("valid"),
+        )];
+        for (before, after) in [
+            (MAX_IN_FLIGHT - 1, MAX_IN_FLIGHT),
+            (MAX_IN_FLIGHT, MAX_IN_FLIGHT),
+        ] {
+            *limiter.inner.queue() = Queue {
+                in_flight: before,
+                waiting: VecDeque::new(),
+            };
+            let mut acquiring = limiter.acquire(&bucket, 1);
+            // Polled once, without yielding to the driver it may have spawned: it is queued.
+            let polled =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(acquiring.as_mut().poll(cx)))
+                    .await;
+            assert!(polled.is_pending());
+            let queue = limiter.inner.queue();
+            assert_eq!(
+                (queue.in_flight, queue.waiting.len()),
+                (after, 1),
+                "{before} in flight before"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_drain_until_past_the_scripts_clock_is_refused_and_one_at_its_edge_goes_on() {
+        let limiter = unreachable().with_timeouts(Duration::from_secs(5), Duration::from_secs(5));
+        let (key, bucket) = (
+            BucketKey::provider("test"),
+            Bucket::new(5, 1, Duration::from_secs(1)).expect("valid"),
+        );
+        let edge = UNIX_EPOCH + Duration::from_millis(u64::try_from(MAX_MS).expect("fits"));
+        let past = edge + Duration::from_millis(1);
+        let refused = limiter.drain_until(&key, bucket, past).await;
+        assert!(
+            matches!(&refused, Err(RateLimitError::InvalidBucket(e)) if e.contains("too far away")),
+            "{refused:?}"
+        );
+        let tried = limiter.drain_until(&key, bucket, edge).await;
+        assert!(
+            matches!(tried, Err(RateLimitError::Unavailable { .. })),
+            "{tried:?}"
         );
     }
 
