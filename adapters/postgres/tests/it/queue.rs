@@ -1669,6 +1669,84 @@ async fn a_job_whose_lease_moved_on_before_its_group_held_it_is_left_to_its_new_
     .await;
 }
 
+/// Writes a row whose deferred foreign key fails only at the commit, when its data says
+/// `"orphan": true`.
+struct Orphans;
+
+#[async_trait::async_trait]
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Orphans {
+    type Data = serde_json::Value;
+
+    async fn handle(
+        &self,
+        job: jobs_testkit::runtime::Job<serde_json::Value>,
+        tx: &mut PgWorkTx,
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
+        let parent = if job.envelope.data["orphan"] == true {
+            2
+        } else {
+            1
+        };
+        sqlx::query("insert into children (parent) values ($1)")
+            .bind(parent)
+            .execute(tx.conn())
+            .await
+            .map_err(jobs_testkit::runtime::JobError::retry)?;
+        Ok(())
+    }
+}
+
+/// A group whose commit fails (here a deferred constraint) settles nothing: every job says
+/// the group did not commit and stays leased, to come back after its lease, with no claim
+/// and no write left behind.
+#[tokio::test]
+async fn a_group_whose_commit_fails_leaves_its_jobs_leased_and_says_why() {
+    use jobs_testkit::runtime::Outcome;
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        sqlx::raw_sql(
+            "create table parents (id int primary key); insert into parents values (1); \
+             create table children (parent int references parents \
+                 deferrable initially deferred)",
+        )
+        .execute(store.pool())
+        .await
+        .expect("create the tables");
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.orphans");
+        for orphan in [false, true, false] {
+            let data = serde_json::json!({ "orphan": orphan });
+            let envelope = fixtures::envelope_with(1, "test.job", data);
+            queue
+                .publish(&jobs, &envelope, PublishOptions::default())
+                .await
+                .expect("publish");
+        }
+        let worker = grouped(&store, queue.clone(), jobs.clone(), Orphans)
+            .group_size(3)
+            .build()
+            .expect("valid");
+        let outcomes = worker.run_once().await.expect("run");
+        assert_eq!(outcomes.len(), 3);
+        for outcome in &outcomes {
+            assert!(
+                matches!(outcome, Outcome::Unsettled { error } if error.contains("the group did not commit")),
+                "{outcomes:?}"
+            );
+        }
+        let (leased, claims, children): (i64, i64, i64) = sqlx::query_as(
+            "select (select count(*) from core.jobs where leased), \
+                    (select count(*) from core.processed_jobs), \
+                    (select count(*) from children)",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("read the tables");
+        assert_eq!((leased, claims, children), (3, 0, 0));
+    })
+    .await;
+}
+
 /// Records each job's transaction, so a test sees which jobs ran in one group.
 #[derive(Clone, Default)]
 struct Transactions {
