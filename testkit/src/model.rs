@@ -1,7 +1,8 @@
 //! Model-based property tests of the runtime's retry and idempotency semantics, for any store.
 //!
 //! Arbitrary sequences of events (publishes, duplicate publishes, poison, work, crashes before
-//! the ack or in the middle of a job, clock jumps, replays) drive the real runtime
+//! the ack or in the middle of a job, a store that refuses a work transaction, clock jumps,
+//! replays) drive the real runtime
 //! (`jobs-consumers`) on a transport and a store the caller provides, with a manual clock. After every step the safety invariants are
 //! checked; at the end the queue is drained and the liveness ones too. Each failure message
 //! names the invariant it broke:
@@ -91,6 +92,9 @@ enum Event {
     /// The worker leases up to `n` deliveries and dies before committing anything.
     CrashMidWork(usize),
     Advance(u32),
+    /// The store refuses the worker's next work transaction (a database restart, a pool run
+    /// dry): what it would have run is deferred, its attempt unspent.
+    StoreDown,
     /// An operator replays pending dead letter `i`.
     Replay(usize),
 }
@@ -140,6 +144,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => (1usize..4).prop_map(Event::CrashMidWork),
         2 => (1u32..4_000).prop_map(Event::Advance),
         1 => any::<usize>().prop_map(Event::Replay),
+        1 => Just(Event::StoreDown),
     ]
 }
 
@@ -264,6 +269,8 @@ struct MutantStore<S> {
     inner: S,
     mutant: Mutant,
     stats: Arc<GroupStats>,
+    /// Set by [`Event::StoreDown`]: the next transaction is refused.
+    down: Arc<AtomicBool>,
 }
 
 struct MutantTx<T> {
@@ -357,6 +364,7 @@ impl<S: WorkStore> WorkStore for MutantStore<S> {
     type Tx = MutantTx<S::Tx>;
 
     async fn begin(&self) -> Result<MutantTx<S::Tx>, StoreError> {
+        self.refuse_if_down()?;
         Ok(self.wrap(self.inner.begin().await?))
     }
 
@@ -364,11 +372,21 @@ impl<S: WorkStore> WorkStore for MutantStore<S> {
         &self,
         limit: std::time::Duration,
     ) -> Result<MutantTx<S::Tx>, StoreError> {
+        self.refuse_if_down()?;
         Ok(self.wrap(self.inner.begin_within(limit).await?))
     }
 }
 
 impl<S: WorkStore> MutantStore<S> {
+    /// Refuses one transaction after [`Event::StoreDown`].
+    fn refuse_if_down(&self) -> Result<(), StoreError> {
+        if self.down.swap(false, Ordering::SeqCst) {
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::unavailable("the model's store is down"));
+        }
+        Ok(())
+    }
+
     fn wrap(&self, inner: S::Tx) -> MutantTx<S::Tx> {
         MutantTx {
             inner,
@@ -523,6 +541,8 @@ pub struct GroupStats {
     pub undone: AtomicU64,
     /// Groups that died after settling and never committed (an injected crash).
     pub crashed: AtomicU64,
+    /// Work transactions the store refused ([`Event::StoreDown`]), grouped or not.
+    pub refused: AtomicU64,
 }
 
 impl GroupStats {
@@ -661,6 +681,8 @@ struct ModelJob {
 
 struct System<S: WorkStore> {
     clock: ManualClock,
+    /// [`MutantStore::down`].
+    store_down: Arc<AtomicBool>,
     queue: Transport,
     store: S,
     effects: Effects,
@@ -702,10 +724,12 @@ where
         });
         let scripts: Arc<Mutex<HashMap<u64, Vec<Step>>>> = Arc::default();
         let log: Arc<Mutex<HandlerLog>> = Arc::default();
+        let store_down = Arc::new(AtomicBool::new(false));
         let mutant_store = MutantStore {
             inner: store.clone(),
             mutant,
             stats: stats.clone(),
+            down: store_down.clone(),
         };
         let name: QueueName = QUEUE.parse().expect("valid");
         let builder = Worker::builder(
@@ -737,6 +761,7 @@ where
             .with_clock(Arc::new(clock.clone()));
         System {
             clock,
+            store_down,
             queue,
             store,
             effects: backend.effects,
@@ -822,6 +847,7 @@ where
                     .expect("receive");
             }
             Event::Advance(secs) => self.clock.advance(Duration::from_secs(u64::from(*secs))),
+            Event::StoreDown => self.store_down.store(true, Ordering::SeqCst),
             Event::Replay(i) => {
                 let pending = self
                     .store

@@ -782,12 +782,14 @@ fn the_grouped_runtime_keeps_every_invariant_on_the_pg_queue() {
     let setup = || model_case(options.clone(), true);
     let stats = model::check_grouped_invariants(model::cases(16), setup);
     let (groups, released, undone, crashed) = stats.counts();
+    let refused = stats.refused.load(std::sync::atomic::Ordering::Relaxed);
     println!(
         "grouped model: {groups} groups of two jobs or more, {released} retries and deferrals \
-         settled in a group, {undone} failed jobs undone, {crashed} groups crashed before commit"
+         settled in a group, {undone} failed jobs undone, {crashed} groups crashed before \
+         commit, {refused} work transactions refused by a store that was down"
     );
     assert!(
-        groups > 0 && released > 0 && undone > 0 && crashed > 0,
+        groups > 0 && released > 0 && undone > 0 && crashed > 0 && refused > 0,
         "the grouped model exercised too little: {stats:?}"
     );
     for (mutant, reason) in model::check_grouped_mutants_are_caught(setup) {
