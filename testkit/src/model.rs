@@ -541,7 +541,7 @@ pub struct GroupStats {
     pub undone: AtomicU64,
     /// Groups that died after settling and never committed (an injected crash).
     pub crashed: AtomicU64,
-    /// Work transactions the store refused ([`Event::StoreDown`]), grouped or not.
+    /// Work transactions the store refused (a store down, one of the events), grouped or not.
     pub refused: AtomicU64,
 }
 
