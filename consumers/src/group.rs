@@ -340,9 +340,10 @@ where
     }
 
     /// One pass of a group in `tx`: hold, claim, run what has to run, settle. `careful` takes a
-    /// checkpoint before a job whenever a handler wrote since the last (otherwise every job is rerunnable, and checkpoints are as far apart as
-    /// [`Worker::checkpoint_every`] says); `second` takes one before the first job to run as
-    /// well, so nothing of this pass can need another.
+    /// checkpoint before a job whenever a handler wrote since the last (otherwise every job is
+    /// rerunnable, and checkpoints are as far apart as [`Worker::checkpoint_every`] says);
+    /// `second` takes one before the first job to run as well, so nothing of this pass can
+    /// need another.
     async fn pass<Q>(
         &self,
         queue: &Q,
@@ -389,10 +390,10 @@ where
         let mut dirty = second;
         let mut checkpointed = false;
         let (budget, mut checkpoints) = (tx.checkpoint_budget(), 0usize);
-        // A careful pass checkpoints whenever something is dirty; an optimistic one (every job
+        // A careful pass checkpoints whenever a handler wrote; an optimistic one (every job
         // rerunnable) only every so many jobs that wrote, while jobs fail after writing.
         let every = if careful {
-            Some(1)
+            None
         } else {
             self.checkpoint_every()
         };
@@ -409,7 +410,7 @@ where
                 since.push(i);
                 continue;
             }
-            if dirty && every.is_some_and(|every| careful || wrote_since >= every) {
+            if dirty && (careful || every.is_some_and(|every| wrote_since >= every)) {
                 if checkpoints < budget {
                     tx.checkpoint().await?;
                     checkpoints += 1;

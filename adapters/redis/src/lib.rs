@@ -582,17 +582,24 @@ mod tests {
         queue
     }
 
-    /// The first bucket key of each acquisition in `batch`.
-    fn keys(batch: &[Waiting]) -> Vec<&str> {
-        (batch.iter())
+    /// The first bucket key of each acquisition of `waiting`.
+    fn keys<'a>(waiting: impl IntoIterator<Item = &'a Waiting>) -> Vec<&'a str> {
+        (waiting.into_iter())
             .map(|w| w.request.buckets[0].0.as_str())
             .collect()
     }
 
+    /// A limiter whose Redis cannot be reached: a call that gets as far as Redis fails as
+    /// unavailable, one refused before fails as invalid.
+    fn unreachable() -> RedisRateLimiter {
+        RedisRateLimiter::new("redis://127.0.0.1:1/0", "jobs").expect("a URL")
+    }
+
     #[test]
     fn a_batch_takes_acquisitions_in_order_until_one_gives_a_bucket_other_parameters() {
-        // `c` gives `k` another capacity than `a` did: the batch stops before it, even though
-        // `d` after it would fit; the same bucket twice, or another key, does not conflict.
+        // The third gives `t` another capacity than the first did: the batch stops before it,
+        // even though the fourth would fit; the same bucket twice (`k`), or another key (`j`),
+        // does not conflict.
         let mut queue = queue_of(&[
             &[("k", 5), ("t", 2)],
             &[("j", 9), ("k", 5)],
@@ -601,10 +608,11 @@ mod tests {
         ]);
         let batch = Inner::next_batch(&mut queue);
         assert_eq!(keys(&batch), ["k", "j"]);
-        let rest: Vec<&str> = (queue.waiting.iter())
-            .map(|w| w.request.buckets[0].0.as_str())
-            .collect();
-        assert_eq!(rest, ["t", "k"], "the conflicting one leads the next batch");
+        assert_eq!(
+            keys(&queue.waiting),
+            ["t", "k"],
+            "the conflicting one leads the next batch"
+        );
         let next = Inner::next_batch(&mut queue);
         assert_eq!(keys(&next), ["t", "k"]);
         assert!(Inner::next_batch(&mut queue).is_empty() && queue.waiting.is_empty());
@@ -643,12 +651,6 @@ mod tests {
             refused.to_string().contains("takes too long to refill"),
             "{refused}"
         );
-    }
-
-    /// A limiter whose Redis cannot be reached: a call that gets as far as Redis fails as
-    /// unavailable, one refused before fails as invalid.
-    fn unreachable() -> RedisRateLimiter {
-        RedisRateLimiter::new("redis://127.0.0.1:1/0", "jobs").expect("a URL")
     }
 
     #[tokio::test]
