@@ -16,7 +16,10 @@
 //! 5. a dead letter carries attempts, last_error, queue and correlation_id;
 //! 6. a valid job of a kind no handler knows is never run and never dead-lettered before
 //!    the policy's attempts: it is retried with the backoff (invariant 3's bounds) and then
-//!    lands in the dead letters with its bytes intact (ADR 0012).
+//!    lands in the dead letters with its bytes intact (ADR 0012);
+//! 7. with no crash injected, the worker settles every delivery it receives, but for a dead
+//!    letter the store refused to record (left leased, to come back): a refused work
+//!    transaction defers its jobs, their attempts unspent, rather than leave them leased.
 //!
 //! The suite must have teeth: [`check_mutants_are_caught`] wraps the ports so that one rule at
 //! a time is broken (no claim, ack on receive, poison retried, attempts counted from zero, a
@@ -39,7 +42,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 use async_trait::async_trait;
-use jobs_consumers::{DeadLetters, Handler, Job, JobError, RetryPolicy, Worker, WorkerBuilder};
+use jobs_consumers::{
+    DeadLetters, Handler, Job, JobError, Outcome, RetryPolicy, Worker, WorkerBuilder,
+};
 use jobs_core::{
     Claim, Clock, ConsumerName, ConsumerPort, DeadLetter, DeadLetterEvent, DeadLetterFilter,
     DeadLetterId, DeadLetterStatus, DeadLetterStore, Delivery, Envelope, GroupTransaction, JobId,
@@ -271,6 +276,9 @@ struct MutantStore<S> {
     stats: Arc<GroupStats>,
     /// Set by [`Event::StoreDown`]: the next transaction is refused.
     down: Arc<AtomicBool>,
+    /// Refusals of a transaction that is not a job's work ([`WorkStore::begin`], as a dead
+    /// letter's): the message stays leased, as the dead-letter path must leave it.
+    others_refused: Arc<AtomicU64>,
 }
 
 struct MutantTx<T> {
@@ -364,7 +372,10 @@ impl<S: WorkStore> WorkStore for MutantStore<S> {
     type Tx = MutantTx<S::Tx>;
 
     async fn begin(&self) -> Result<MutantTx<S::Tx>, StoreError> {
-        self.refuse_if_down()?;
+        if let Err(refused) = self.refuse_if_down() {
+            self.others_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(refused);
+        }
         Ok(self.wrap(self.inner.begin().await?))
     }
 
@@ -683,6 +694,8 @@ struct System<S: WorkStore> {
     clock: ManualClock,
     /// [`MutantStore::down`].
     store_down: Arc<AtomicBool>,
+    /// [`MutantStore::others_refused`].
+    others_refused: Arc<AtomicU64>,
     queue: Transport,
     store: S,
     effects: Effects,
@@ -725,11 +738,13 @@ where
         let scripts: Arc<Mutex<HashMap<u64, Vec<Step>>>> = Arc::default();
         let log: Arc<Mutex<HandlerLog>> = Arc::default();
         let store_down = Arc::new(AtomicBool::new(false));
+        let others_refused = Arc::new(AtomicU64::new(0));
         let mutant_store = MutantStore {
             inner: store.clone(),
             mutant,
             stats: stats.clone(),
             down: store_down.clone(),
+            others_refused: others_refused.clone(),
         };
         let name: QueueName = QUEUE.parse().expect("valid");
         let builder = Worker::builder(
@@ -762,6 +777,7 @@ where
         System {
             clock,
             store_down,
+            others_refused,
             queue,
             store,
             effects: backend.effects,
@@ -835,7 +851,8 @@ where
                 self.poison.push(bytes);
             }
             Event::Work => {
-                self.worker.run_once().await.expect("receive");
+                let crash = self.transport.lose_next_ack.load(Ordering::SeqCst);
+                self.poll(crash).await;
             }
             Event::CrashBeforeAck => self.transport.lose_next_ack.store(true, Ordering::SeqCst),
             Event::CrashMidWork(n) => {
@@ -896,6 +913,29 @@ where
             })
             .await
             .expect("list")
+    }
+
+    /// One poll of the worker and, unless a `crash` is injected, invariant 7: a delivery is
+    /// left unsettled only by a dead letter the store refused to record.
+    async fn poll(&self, crash: bool) -> Vec<Outcome> {
+        let before = self.others_refused.load(Ordering::Relaxed);
+        let outcomes = self.worker.run_once().await.expect("receive");
+        let excused = self.others_refused.load(Ordering::Relaxed) - before;
+        let unsettled: Vec<&str> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Unsettled { error } => Some(error.as_str()),
+                _ => None,
+            })
+            .collect();
+        if !crash && unsettled.len() as u64 > excused {
+            lock(&self.log).violations.push(format!(
+                "invariant 7: {} deliveries left unsettled with no crash injected and {excused} \
+                 dead letters refused: {unsettled:?}",
+                unsettled.len()
+            ));
+        }
+        outcomes
     }
 
     /// The invariants that hold after every step.
@@ -980,7 +1020,7 @@ where
         self.transport.lose_next_ack.store(false, Ordering::SeqCst);
         for _ in 0..60 {
             for _ in 0..200 {
-                if self.worker.run_once().await.expect("receive").is_empty() {
+                if self.poll(false).await.is_empty() {
                     break;
                 }
             }
