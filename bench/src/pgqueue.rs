@@ -16,7 +16,11 @@
 //!   connections as the runtime runs groups; once with batches of the size of the runtime's
 //!   groups for the shape (the ratio's baseline: `group_size`, or one more than the store's
 //!   checkpoint budget for a handler that writes and is not rerunnable) and once with
-//!   batches of 100; `JOBS_BENCH_GROUP_SIZE` sets `group_size`;
+//!   batches of 100; `JOBS_BENCH_GROUP_SIZE` sets `group_size`; and for the shapes whose
+//!   jobs the runtime isolates with a checkpoint each, a third time with batches of the
+//!   group and the checkpoint's savepoint before every insert but the first ("raw
+//!   isolated"): what the isolation costs through sqlx, which sends each statement in a round
+//!   trip of its own;
 //! - **CPU per job**: beside each drain row, the microseconds of CPU the client (this process)
 //!   and the server (every `postgres` process) spent per job, read from `/proc`: on a
 //!   machine whose cores client and server share, the ratio follows these sums;
@@ -40,7 +44,7 @@ use serde::Deserialize;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgListener};
 use sqlx::types::Uuid;
-use sqlx::{PgPool, Row};
+use sqlx::{Executor, PgPool, Row};
 
 const CONCURRENCY: [usize; 3] = [1, 4, 16];
 
@@ -106,12 +110,18 @@ impl Shape {
         self != Shape::Noop
     }
 
+    /// Whether the runtime takes a checkpoint before each job: its jobs write and may not
+    /// run again.
+    fn checkpoints(self) -> bool {
+        self.inserts() && !self.rerunnable()
+    }
+
     /// The groups the runtime runs this shape in, configured for `group`: a group whose jobs
     /// write and may not run again takes a checkpoint per job, so it holds at most one job
     /// more than the transaction's `budget` of them ([`WorkerConfig::group_size`]); the raw
     /// side's first batch size.
     fn group(self, group: usize, budget: usize) -> usize {
-        if self.inserts() && !self.rerunnable() {
+        if self.checkpoints() {
             group.min(budget.saturating_add(1))
         } else {
             group
@@ -253,15 +263,17 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
     }
 
     println!(
-        "\n{:>25}  {:>11}  {:>5}  {:>13}  {:>12}  {:>10}  {:>6}  {:>6}  {:>18}  {:>18}",
+        "\n{:>25}  {:>11}  {:>5}  {:>13}  {:>12}  {:>14}  {:>10}  {:>6}  {:>6}  {:>11}  {:>18}  {:>18}",
         "drain shape",
         "concurrency",
         "group",
         "raw group/s",
         format!("raw {RAW_BATCH}/tx /s"),
+        "raw isolated/s",
         "runtime/s",
         "ratio",
         format!("vs {RAW_BATCH}"),
+        "vs isolated",
         "raw cpu µs/job",
         "runtime cpu µs/job",
     );
@@ -274,25 +286,36 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
             let warm = &envelopes[..envelopes.len().min(2_000)];
             let warm_jobs = warm.len() as u64;
             raw_publish(&pool, warm).await?;
-            raw_drain(&pool, shape, concurrency, group, warm_jobs).await?;
+            raw_drain(&pool, shape, concurrency, group, warm_jobs, false).await?;
             // The raw side claimed these jobs: start again.
             reset(&pool).await?;
             queue_enqueue(&queue, warm, 1).await?;
             runtime_drain(&store, &queue, shape, concurrency, warm_jobs).await?;
-            let (mut raw_group, mut raw_100, mut ours) = Default::default();
+            let (mut raw_group, mut raw_100, mut raw_isolated, mut ours) = Default::default();
             for _ in 0..ROUNDS {
                 if side("raw") {
                     reset(&pool).await?;
                     raw_publish(&pool, &envelopes).await?;
-                    let measured =
-                        Drain::measure(jobs, raw_drain(&pool, shape, concurrency, group, jobs))
-                            .await?;
+                    let measured = Drain::measure(
+                        jobs,
+                        raw_drain(&pool, shape, concurrency, group, jobs, false),
+                    )
+                    .await?;
                     raw_group = Drain::best(raw_group, measured);
+                    if shape.checkpoints() {
+                        reset(&pool).await?;
+                        raw_publish(&pool, &envelopes).await?;
+                        let drain = raw_drain(&pool, shape, concurrency, group, jobs, true);
+                        raw_isolated =
+                            Drain::best(raw_isolated, Drain::measure(jobs, drain).await?);
+                    }
                     reset(&pool).await?;
                     raw_publish(&pool, &envelopes).await?;
-                    let measured =
-                        Drain::measure(jobs, raw_drain(&pool, shape, concurrency, RAW_BATCH, jobs))
-                            .await?;
+                    let measured = Drain::measure(
+                        jobs,
+                        raw_drain(&pool, shape, concurrency, RAW_BATCH, jobs, false),
+                    )
+                    .await?;
                     raw_100 = Drain::best(raw_100, measured);
                 }
                 if side("runtime") {
@@ -308,8 +331,16 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
                 }
             }
             reset(&pool).await?;
+            let (isolated, vs_isolated) = if shape.checkpoints() {
+                (
+                    format!("{:.0}", raw_isolated.rate),
+                    format!("{:.2}", ours.rate / raw_isolated.rate),
+                )
+            } else {
+                ("-".to_owned(), "-".to_owned())
+            };
             println!(
-                "{:>25}  {concurrency:>11}  {group:>5}  {:>13.0}  {:>12.0}  {:>10.0}  {:>6.2}  {:>6.2}  {:>18}  {:>18}",
+                "{:>25}  {concurrency:>11}  {group:>5}  {:>13.0}  {:>12.0}  {isolated:>14}  {:>10.0}  {:>6.2}  {:>6.2}  {vs_isolated:>11}  {:>18}  {:>18}",
                 shape.name(),
                 raw_group.rate,
                 raw_100.rate,
@@ -319,11 +350,14 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
                 raw_group.cpu(),
                 ours.cpu(),
             );
+            let isolated = shape.checkpoints().then_some(raw_isolated);
             support::json_row(json!({
                 "bench": "pg-queue", "shape": shape.name(), "side": "runtime",
                 "concurrency": concurrency, "group_size": group, "jobs_per_s": ours.rate.round(),
                 "baseline_jobs_per_s": raw_group.rate.round(), "ratio": support::ratio(ours.rate, raw_group.rate),
                 "baseline_100_jobs_per_s": raw_100.rate.round(), "ratio_100": support::ratio(ours.rate, raw_100.rate),
+                "baseline_isolated_jobs_per_s": isolated.map(|raw| raw.rate.round()),
+                "ratio_isolated": isolated.map(|raw| support::ratio(ours.rate, raw.rate)),
                 "client_cpu_us_per_job": ours.client_us, "server_cpu_us_per_job": ours.server_us,
                 "baseline_client_cpu_us_per_job": raw_group.client_us,
                 "baseline_server_cpu_us_per_job": raw_group.server_us,
@@ -508,13 +542,15 @@ async fn raw_publish(pool: &PgPool, envelopes: &[Envelope]) -> Result<()> {
 
 /// The baseline drain: `concurrency` connections, each leasing `batch` rows with the queue's
 /// lease statement, then in one transaction the batch's claims, one prepared insert per job
-/// (for the inserting shapes), the batch's delete, and the commit.
+/// (for the inserting shapes), the batch's delete, and the commit; when `isolated`, the
+/// runtime's checkpoint before every insert but the first.
 async fn raw_drain(
     pool: &PgPool,
     shape: Shape,
     concurrency: usize,
     batch: usize,
     jobs: u64,
+    isolated: bool,
 ) -> Result<f64> {
     // The queue's own lease statement on `raw_jobs`, answering the dedup keys (the job ids)
     // too, for the claims.
@@ -565,7 +601,21 @@ async fn raw_drain(
                 .execute(&mut *tx)
                 .await?;
                 if shape.inserts() {
-                    for id in &ids {
+                    for (i, id) in ids.iter().enumerate() {
+                        // The statements of `PgWorkTx`'s checkpoint (ADR 0011).
+                        match i {
+                            _ if !isolated => {}
+                            0 => {}
+                            1 => {
+                                tx.execute("savepoint jobs_checkpoint").await?;
+                            }
+                            _ => {
+                                tx.execute(
+                                    "release savepoint jobs_checkpoint; savepoint jobs_checkpoint",
+                                )
+                                .await?;
+                            }
+                        }
                         sqlx::query("insert into effects (n) values ($1)")
                             .bind(id)
                             .execute(&mut *tx)
