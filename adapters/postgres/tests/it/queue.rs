@@ -1823,6 +1823,51 @@ async fn a_lingering_fetch_fills_its_group() {
     .await;
 }
 
+/// A linger waits only to fill a group that a fetch started: a fetch that found nothing, or
+/// a group of one, never waits, so an hour's linger delays neither the idle worker's wake-up
+/// nor the jobs of a full group.
+#[tokio::test]
+async fn a_linger_never_delays_an_empty_fetch_or_a_full_group() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.no_linger");
+        let handler = Transactions::default();
+        let worker = Arc::new(
+            grouped(&store, queue.clone(), jobs.clone(), handler.clone())
+                .group_size(1)
+                .group_linger(Duration::from_secs(3_600))
+                .concurrency(1)
+                .build()
+                .expect("valid"),
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(worker.clone().run(async {
+            let _ = stopped.await;
+        }));
+        // The worker finds the queue empty first, then each publish wakes it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for n in 0..3 {
+            let envelope = fixtures::envelope_with(1, "test.job", serde_json::json!({ "n": n }));
+            queue
+                .publish(&jobs, &envelope, PublishOptions::default())
+                .await
+                .expect("publish");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while handler.seen.lock().expect("not poisoned").len() <= n {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "job {n} ran within a minute"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        stop.send(()).expect("running");
+        running.await.expect("stops");
+    })
+    .await;
+}
+
 /// `Worker::run` grouped, as a worker process runs it: every job of a backlog processed
 /// once, in groups, and the queue empty after the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
