@@ -39,8 +39,8 @@ struct Group {
     files: &'static [&'static str],
     /// Only mutants whose names match this regex, when set.
     only: Option<&'static str>,
-    /// The package whose tests run, when not `package`.
-    test_package: Option<&'static str>,
+    /// The packages whose tests run, when not `package`.
+    test_packages: &'static [&'static str],
     /// Features the tests need.
     features: &'static [&'static str],
     /// Arguments to `cargo test` choosing the tests.
@@ -70,7 +70,7 @@ impl Group {
             package,
             files,
             only: None,
-            test_package: None,
+            test_packages: &[],
             features: &[],
             test_args: OWN_TESTS,
             missed_by: None,
@@ -82,7 +82,8 @@ impl Group {
 const GROUPS: &[Group] = &[
     Group::own("consumers", "jobs-consumers", &["consumers/src/**"], 20),
     // The runtime's grouped mode, on PostgreSQL: what the in-memory tests missed in the
-    // runtime, against the model and contract tests on a real queue and store.
+    // runtime, against the model and contract tests on a real queue and store and the
+    // grouped loop's tests of the reference composition (its shutdown, its fetches ahead).
     Group {
         name: "consumers-on-postgres",
         package: "jobs-consumers",
@@ -92,9 +93,9 @@ const GROUPS: &[Group] = &[
             "consumers/src/handler.rs",
         ],
         only: None,
-        test_package: Some("jobs-adapter-postgres"),
+        test_packages: &["jobs-adapter-postgres", "jobs-ops"],
         features: &["jobs-adapter-postgres/queue"],
-        test_args: &["--test", "it", "--", "queue::"],
+        test_args: &["--test", "it", "--", "queue::", "grouped::"],
         missed_by: Some("consumers"),
         min_timeout_secs: 120,
     },
@@ -110,7 +111,7 @@ const GROUPS: &[Group] = &[
         only: Some(
             r"SettleInTransaction|GroupTransaction for PgWorkTx|WorkTransaction for PgWorkTx>::commit|PullPort for PgQueue>::receive|Leased::deliveries|keep_taken|PgQueue::settle|in tokens|replace tokens|parse_token|replace token ",
         ),
-        test_package: None,
+        test_packages: &[],
         features: &["jobs-adapter-postgres/queue"],
         test_args: &["--test", "it", "--", "queue::"],
         missed_by: None,
@@ -375,12 +376,13 @@ fn run_group(
             command.args(["--re", &format!("^{}$", escape_regex(name))]);
         }
     }
-    if let Some(package) = group.test_package {
+    if !group.test_packages.is_empty() {
         // cargo-mutants' own baseline runs the mutated package's tests, not these.
-        baseline(root, package, group)?;
-        command
-            .args(["--test-package", package])
-            .args(["--baseline", "skip", "--timeout", "300"]);
+        baseline(root, group)?;
+        for package in group.test_packages {
+            command.args(["--test-package", package]);
+        }
+        command.args(["--baseline", "skip", "--timeout", "300"]);
     }
     if !group.features.is_empty() {
         // For the build and the tests alike, and named by package: the tests' package may
@@ -432,11 +434,12 @@ fn run_group(
 }
 
 /// The group's tests on the unmutated tree: they must pass before any mutant says anything.
-fn baseline(root: &Path, package: &str, group: &Group) -> Result<()> {
+fn baseline(root: &Path, group: &Group) -> Result<()> {
     let mut command = Command::new(conformance::cargo());
-    command
-        .current_dir(root)
-        .args(["test", "--package", package]);
+    command.current_dir(root).arg("test");
+    for package in group.test_packages {
+        command.args(["--package", package]);
+    }
     if !group.features.is_empty() {
         command.arg(format!("--features={}", group.features.join(",")));
     }
