@@ -1749,6 +1749,43 @@ async fn a_group_whose_commit_fails_leaves_its_jobs_leased_and_says_why() {
     .await;
 }
 
+/// A worker's [`run`](jobs_testkit::runtime::Worker::run) in the background, as a worker
+/// process runs it, until [`Running::stop`].
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<jobs_testkit::runtime::Drained>,
+}
+
+impl Running {
+    fn start(worker: &Arc<jobs_testkit::runtime::Worker<PgStore>>) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(worker.clone().run(async {
+            let _ = stopped.await;
+        }));
+        Running { stop, task }
+    }
+
+    async fn stop(self) -> jobs_testkit::runtime::Drained {
+        self.stop.send(()).expect("running");
+        self.task.await.expect("stops")
+    }
+}
+
+/// Waits until `done` holds, looking every 10 ms; fails after a minute, saying `what`.
+async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut done: impl FnMut() -> F,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Records each job's transaction, so a test sees which jobs ran in one group.
 #[derive(Clone, Default)]
 struct Transactions {
@@ -1801,20 +1838,10 @@ async fn a_lingering_fetch_fills_its_group() {
                 .build()
                 .expect("valid"),
         );
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let running = tokio::spawn(worker.clone().run(async {
-            let _ = stopped.await;
-        }));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while handler.seen.lock().expect("not poisoned").len() < 3 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "ran within a minute"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        stop.send(()).expect("running");
-        running.await.expect("stops");
+        let running = Running::start(&worker);
+        let seen = || handler.seen.lock().expect("not poisoned").len();
+        eventually("the three jobs ran", || async { seen() >= 3 }).await;
+        running.stop().await;
         let seen = handler.seen.lock().expect("not poisoned").clone();
         let mut transactions: Vec<i64> = seen.iter().map(|&(_, txid)| txid).collect();
         transactions.dedup();
@@ -1841,10 +1868,7 @@ async fn a_linger_never_delays_an_empty_fetch_or_a_full_group() {
                 .build()
                 .expect("valid"),
         );
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let running = tokio::spawn(worker.clone().run(async {
-            let _ = stopped.await;
-        }));
+        let running = Running::start(&worker);
         // The worker finds the queue empty first, then each publish wakes it.
         tokio::time::sleep(Duration::from_millis(100)).await;
         for n in 0..3 {
@@ -1853,17 +1877,90 @@ async fn a_linger_never_delays_an_empty_fetch_or_a_full_group() {
                 .publish(&jobs, &envelope, PublishOptions::default())
                 .await
                 .expect("publish");
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            while handler.seen.lock().expect("not poisoned").len() <= n {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "job {n} ran within a minute"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            let seen = || handler.seen.lock().expect("not poisoned").len();
+            eventually(&format!("job {n} ran"), || async { seen() > n }).await;
         }
-        stop.send(()).expect("running");
-        running.await.expect("stops");
+        running.stop().await;
+    })
+    .await;
+}
+
+/// Holds the job `n = 1` until the test lets it go, recording which jobs started.
+#[derive(Clone)]
+struct Held {
+    started: Arc<std::sync::Mutex<Vec<i64>>>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait::async_trait]
+impl jobs_testkit::runtime::Handler<PgWorkTx> for Held {
+    type Data = serde_json::Value;
+
+    async fn handle(
+        &self,
+        job: jobs_testkit::runtime::Job<serde_json::Value>,
+        _: &mut PgWorkTx,
+    ) -> Result<(), jobs_testkit::runtime::JobError> {
+        let n = job.envelope.data["n"].as_i64().unwrap_or_default();
+        self.started.lock().expect("not poisoned").push(n);
+        if n == 1 {
+            let _ = self.gate.acquire().await.expect("open");
+        }
+        Ok(())
+    }
+}
+
+/// A grouped worker fetches ahead only once less than a group waits in its buffer: with
+/// every slot busy and one group waiting, it leases nothing more, so what it holds leased
+/// beyond its running jobs stays small and their leases do not run out in a buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_grouped_worker_leases_no_more_while_a_group_waits() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        let queue = Arc::new(PgQueue::new(store.pool().clone()));
+        let jobs = name("grouped.ahead");
+        for n in 0..10 {
+            let envelope = fixtures::envelope_with(1, "test.job", serde_json::json!({ "n": n }));
+            queue
+                .publish(&jobs, &envelope, PublishOptions::default())
+                .await
+                .expect("publish");
+        }
+        let handler = Held {
+            started: Arc::default(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        };
+        let worker = Arc::new(
+            grouped(&store, queue.clone(), jobs.clone(), handler.clone())
+                .group_size(1)
+                .concurrency(1)
+                .build()
+                .expect("valid"),
+        );
+        let running = Running::start(&worker);
+        let started = || handler.started.lock().expect("not poisoned").clone();
+        eventually("the second job started", || async {
+            started().contains(&1)
+        })
+        .await;
+        // Time for a fetch the loop should not start to lease what it would.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let depth = queue.depth(&jobs).await.expect("depth");
+        assert_eq!(
+            (depth.in_flight, depth.ready),
+            (2, 7),
+            "the running job and one waiting leased, the first acked: {depth:?}"
+        );
+        handler.gate.add_permits(1);
+        eventually("the queue drained", || async {
+            let depth = queue.depth(&jobs).await.expect("depth");
+            depth.total() == 0
+        })
+        .await;
+        running.stop().await;
+        let mut started = started();
+        started.sort_unstable();
+        assert_eq!(started, (0..10).collect::<Vec<_>>(), "each job once");
     })
     .await;
 }
@@ -1901,20 +1998,9 @@ async fn the_grouped_loop_drains_a_backlog_once_and_leaves_the_queue_empty() {
                 .expect("count");
             rows
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let running = tokio::spawn(worker.clone().run(async {
-            let _ = stopped.await;
-        }));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while count().await < 300 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "drained within a minute"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        stop.send(()).expect("running");
-        running.await.expect("stops");
+        let running = Running::start(&worker);
+        eventually("the backlog drained", || async { count().await >= 300 }).await;
+        running.stop().await;
         let runs = run_twice(&store).await;
         assert!(runs.is_empty(), "jobs run twice: {runs:?}");
         let depth = queue.depth(&jobs).await.expect("depth");
