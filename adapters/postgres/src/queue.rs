@@ -564,9 +564,26 @@ impl PullPort for PgQueue {
     /// that came since the last wait; also when the shared listener (re)connects, since
     /// notifications sent while it was not listening are lost. One LISTEN connection serves
     /// every clone of this queue, started by the first wait.
+    ///
+    /// It also resolves when the queue's next row falls due (a delay or a retry ending, a
+    /// lease running out), which no notification announces, so a retry starts on time
+    /// rather than at the caller's next poll. Not on a fair queue, whose rows are in lanes:
+    /// there the poll covers them.
     async fn wait_for_work(&self, queue: &QueueName) {
         let waker = self.hub.waker(queue.as_str());
-        waker.notified().await;
+        let mut notified = std::pin::pin!(waker.notified());
+        // A wake-up kept since the last wait resolves at once, without asking the database;
+        // one sent while it is asked is kept by the registration.
+        if notified.as_mut().enable() {
+            return;
+        }
+        match self.next_due(queue).await {
+            Some(wait) => tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep(wait.max(DUE_FLOOR)) => {}
+            },
+            None => notified.await,
+        }
     }
 
     /// Fetches `queue` through `core.lease_fair` from now on. The first receive lists it in
@@ -578,6 +595,29 @@ impl PullPort for PgQueue {
     fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
         self.lanes.want(queue, fairness);
         Ok(())
+    }
+}
+
+/// The shortest a wait for a row's due time sleeps: a row due already (one another receiver
+/// holds locked), or a clock that does not move (a test's manual clock), costs one query per
+/// this, never a spin.
+const DUE_FLOOR: Duration = Duration::from_millis(5);
+
+impl PgQueue {
+    /// How long until `queue`'s first row becomes ready: zero for one that got ready since
+    /// the caller's empty receive; none when there is no row, when every row is in a lane (a
+    /// fair queue), or when the database does not answer (the wait then relies on the
+    /// notification and the caller's poll).
+    async fn next_due(&self, queue: &QueueName) -> Option<Duration> {
+        let due: Option<DateTime<Utc>> = sqlx::query_scalar(
+            "select min(visible_at) from core.jobs where queue = $1 and lane is null",
+        )
+        .bind(queue.as_str())
+        .fetch_one(&self.pool)
+        .await
+        .ok()?;
+        let due = from_timestamp(due?).ok()?;
+        Some(due.duration_since(self.clock.now()).unwrap_or_default())
     }
 }
 

@@ -636,6 +636,66 @@ async fn wait_for_work_resolves_for_each_committed_publish_to_its_queue() {
     .await;
 }
 
+/// A delay or a retry ends without a notification: the wait resolves when the queue's next
+/// row falls due, so an idle worker starts it then rather than at its next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_work_resolves_when_a_delay_or_a_retry_falls_due() {
+    const SOON: Duration = Duration::from_millis(200);
+    with_databases(|dbs| async move {
+        let (queue, clock) = queue(&dbs).await;
+        let q = name("wake.due");
+        let other = name("wake.due_other");
+        resolves(queue.wait_for_work(&q), "the listener never started").await;
+        queue
+            .publish(
+                &q,
+                &fixtures::envelope(1, 1),
+                PublishOptions::default().delay(SOON),
+            )
+            .await
+            .expect("publish");
+        // Notifications arrive in order: once `other` is woken, the insert's wake-up of `q`
+        // is kept, and the next wait takes it.
+        queue
+            .publish(&other, &fixtures::envelope(1, 2), PublishOptions::default())
+            .await
+            .expect("publish");
+        resolves(queue.wait_for_work(&other), "the publish did not wake").await;
+        let _ = resolved(queue.wait_for_work(&q)).await;
+        assert!(
+            queue
+                .receive(&q, 10, LEASE)
+                .await
+                .expect("receive")
+                .is_empty(),
+            "not due yet"
+        );
+        resolves(queue.wait_for_work(&q), "the wait outlasted the delay").await;
+        clock.advance(SOON);
+        let leased = queue.receive(&q, 10, LEASE).await.expect("receive");
+        assert_eq!(leased.len(), 1, "due once the delay is over");
+
+        queue
+            .retry_at(&leased[0].lease, clock.now() + SOON)
+            .await
+            .expect("retry");
+        assert!(
+            queue
+                .receive(&q, 10, LEASE)
+                .await
+                .expect("receive")
+                .is_empty(),
+            "the retry is not due yet"
+        );
+        resolves(
+            queue.wait_for_work(&q),
+            "the wait outlasted the retry's backoff",
+        )
+        .await;
+    })
+    .await;
+}
+
 fn write_effect(tx: &mut PgWorkTx, key: String) -> BoxFuture<'_, Result<(), StoreError>> {
     Box::pin(async move {
         sqlx::query("insert into model_effects (key) values ($1)")
