@@ -556,6 +556,11 @@ async fn resolved(wait: impl std::future::Future<Output = ()>) -> bool {
     tokio::time::timeout(Duration::ZERO, wait).await.is_ok()
 }
 
+/// Whether `wait` resolves within `time`.
+async fn resolved_within(time: Duration, wait: impl std::future::Future<Output = ()>) -> bool {
+    tokio::time::timeout(time, wait).await.is_ok()
+}
+
 /// Waits for `wait`, failing the test rather than hanging if it never resolves.
 async fn resolves(wait: impl std::future::Future<Output = ()>, what: &str) {
     tokio::time::timeout(Duration::from_secs(60), wait)
@@ -646,6 +651,11 @@ async fn wait_for_work_resolves_when_a_delay_or_a_retry_falls_due() {
         let q = name("wake.due");
         let other = name("wake.due_other");
         resolves(queue.wait_for_work(&q), "the listener never started").await;
+        let _ = resolved(queue.wait_for_work(&q)).await; // a spare wake-up, if any
+        assert!(
+            !resolved_within(SOON, queue.wait_for_work(&q)).await,
+            "woken with no job at all"
+        );
         queue
             .publish(
                 &q,
@@ -669,6 +679,11 @@ async fn wait_for_work_resolves_when_a_delay_or_a_retry_falls_due() {
                 .expect("receive")
                 .is_empty(),
             "not due yet"
+        );
+        // The manual clock stands still, so the delay is still ahead, in full, of each wait.
+        assert!(
+            !resolved_within(SOON / 4, queue.wait_for_work(&q)).await,
+            "woken before the delay was over"
         );
         resolves(queue.wait_for_work(&q), "the wait outlasted the delay").await;
         clock.advance(SOON);
