@@ -100,7 +100,8 @@ const GROUPS: &[Group] = &[
         min_timeout_secs: 120,
     },
     // The PostgreSQL side of the grouped path: leasing, taking, claiming and settling inside
-    // the work transaction, the lease tokens, and the work transaction's group side.
+    // the work transaction, the lease tokens, the work transaction's group side, and the
+    // idle loop's wait for work.
     Group {
         name: "postgres-grouped",
         package: "jobs-adapter-postgres",
@@ -109,7 +110,7 @@ const GROUPS: &[Group] = &[
             "adapters/postgres/src/tx.rs",
         ],
         only: Some(
-            r"SettleInTransaction|GroupTransaction for PgWorkTx|WorkTransaction for PgWorkTx>::commit|PullPort for PgQueue>::receive|Leased::deliveries|keep_taken|PgQueue::settle|in tokens|replace tokens|parse_token|replace token ",
+            r"SettleInTransaction|GroupTransaction for PgWorkTx|WorkTransaction for PgWorkTx>::commit|PullPort for PgQueue>::receive|Leased::deliveries|keep_taken|PgQueue::settle|in tokens|replace tokens|parse_token|replace token |PullPort for PgQueue>::wait_for_work|PgQueue::next_due",
         ),
         test_packages: &[],
         features: &["jobs-adapter-postgres/queue"],
