@@ -516,15 +516,16 @@ async fn a_qstash_process_runs_what_qstash_delivers_to_its_routes_and_nothing_fo
         .publish(&queue, &job, Default::default())
         .await
         .expect("published to QStash");
-    eventually("QStash's delivery handled", async || {
-        (handled.0.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
+    // The handler counts before its transaction commits: wait for the claim.
+    eventually("QStash's delivery committed with its claim", async || {
+        let processed: i64 = sqlx::query_scalar("select count(*) from core.processed_jobs")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+        (processed == 1).then_some(())
     })
     .await;
-    let processed: i64 = sqlx::query_scalar("select count(*) from core.processed_jobs")
-        .fetch_one(&pool)
-        .await
-        .expect("count");
-    assert_eq!(processed, 1, "committed with its claim");
+    assert_eq!(handled.0.load(std::sync::atomic::Ordering::SeqCst), 1);
 
     // A request that QStash did not sign runs nothing, whatever it carries.
     let forged =
