@@ -767,7 +767,11 @@ impl SettleInTransaction<PgStore> for PgQueue {
     ) -> Result<(), StoreError> {
         let mut back = PutBack::default();
         for (delivery, settlement) in settlements {
-            let (id, generation) = parse_token(delivery.lease.token()).unwrap_or((0, -1));
+            let Some((id, generation)) = parse_token(delivery.lease.token()) else {
+                return Err(StoreError::failed(
+                    "settled a delivery whose lease token is not this queue's",
+                ));
+            };
             let Some(at) = tx.taken.iter().position(|taken| taken.id == id) else {
                 return Err(StoreError::failed(
                     "settled a delivery this transaction did not take: a lease was not held",
@@ -937,10 +941,10 @@ struct PutBack<'a> {
 }
 
 /// The row ids and generations of `leases`; a token that does not parse (not this queue's)
-/// is `(0, -1)`, which matches no row.
+/// is row 0, which no row is (identities count from 1), so it holds nothing.
 fn tokens<'a>(leases: impl Iterator<Item = &'a Lease>) -> (Vec<i64>, Vec<i64>) {
     leases
-        .map(|lease| parse_token(lease.token()).unwrap_or((0, -1)))
+        .map(|lease| parse_token(lease.token()).unwrap_or((0, 0)))
         .unzip()
 }
 

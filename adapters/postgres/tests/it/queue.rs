@@ -437,6 +437,20 @@ async fn held_deliveries_are_fenced_and_settle_only_with_the_work_transaction() 
             stale.is_err(),
             "a lease not held settles nothing: {stale:?}"
         );
+        let mut forged = first[1].clone();
+        forged.lease = jobs_core::Lease::new(q.clone(), "not-a-row", forged.lease.expires_at());
+        assert_eq!(
+            queue.hold(&mut tx, &[&forged.lease]).await.expect("hold"),
+            [false],
+            "a token another transport made holds nothing"
+        );
+        let refused = queue.settle(&mut tx, &[(&forged, Settlement::Ack)]).await;
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("lease token is not this queue's")),
+            "a token another transport made settles nothing: {refused:?}"
+        );
         drop(tx);
         // Every column but the lease's survives a put back.
         let columns = "select id, queue, dedup_key, payload, tenant_id, created_at::text, lane, \
