@@ -567,6 +567,19 @@ impl GroupStats {
             get(&self.crashed),
         )
     }
+
+    /// Adds `other`'s counts to these: what several runs reached together.
+    pub fn add(&self, other: &GroupStats) {
+        for (total, more) in [
+            (&self.groups, &other.groups),
+            (&self.released, &other.released),
+            (&self.undone, &other.undone),
+            (&self.crashed, &other.crashed),
+            (&self.refused, &other.refused),
+        ] {
+            total.fetch_add(more.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
 }
 
 /// The grouped transport as the runtime sees it: the [`Wire`] for fetching and for what
