@@ -79,6 +79,12 @@ impl Group {
     }
 }
 
+/// Test threads for the suites on PostgreSQL, which mostly wait on the database: a mutant
+/// that stops the queue makes several tests wait out their minute-long deadlines, and with
+/// one thread a core those queue behind one another past the timeout (a hang, counted as
+/// caught) where together they fail in about a minute (caught, and said so).
+const PG_TEST_THREADS: &str = "--test-threads=8";
+
 const GROUPS: &[Group] = &[
     Group::own("consumers", "jobs-consumers", &["consumers/src/**"], 20),
     // The runtime's grouped mode, on PostgreSQL: what the in-memory tests missed in the
@@ -95,7 +101,14 @@ const GROUPS: &[Group] = &[
         only: None,
         test_packages: &["jobs-adapter-postgres", "jobs-ops"],
         features: &["jobs-adapter-postgres/queue"],
-        test_args: &["--test", "it", "--", "queue::", "grouped::"],
+        test_args: &[
+            "--test",
+            "it",
+            "--",
+            "queue::",
+            "grouped::",
+            PG_TEST_THREADS,
+        ],
         missed_by: Some("consumers"),
         min_timeout_secs: 120,
     },
@@ -114,7 +127,7 @@ const GROUPS: &[Group] = &[
         ),
         test_packages: &[],
         features: &["jobs-adapter-postgres/queue"],
-        test_args: &["--test", "it", "--", "queue::"],
+        test_args: &["--test", "it", "--", "queue::", PG_TEST_THREADS],
         missed_by: None,
         min_timeout_secs: 120,
     },
