@@ -557,14 +557,15 @@ pub struct GroupStats {
 }
 
 impl GroupStats {
-    /// `(groups, released, undone, crashed)`.
-    pub fn counts(&self) -> (u64, u64, u64, u64) {
+    /// `(groups, released, undone, crashed, refused)`.
+    pub fn counts(&self) -> (u64, u64, u64, u64, u64) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         (
             get(&self.groups),
             get(&self.released),
             get(&self.undone),
             get(&self.crashed),
+            get(&self.refused),
         )
     }
 
