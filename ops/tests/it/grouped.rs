@@ -976,3 +976,99 @@ async fn a_handler_stopped_in_the_middle_of_a_statement_leaves_nothing_running()
     }
     f.db.drop_db().await;
 }
+
+/// A job whose previous lease expired unsettled (its worker may have died on it) runs alone:
+/// only once every job fetched before it has settled, with nothing else leased or running
+/// until it has, so that if it crashes this process too it takes no other job's attempt.
+#[tokio::test]
+async fn a_job_whose_lease_expired_runs_alone_with_nothing_else_leased() {
+    let f = Fixture::new().await;
+    /// Writes its row; job 0 takes its time and counts the rows leased meanwhile.
+    struct Watched {
+        pool: sqlx::PgPool,
+        suspect_running: Arc<std::sync::atomic::AtomicBool>,
+        /// Jobs that started while job 0 ran.
+        overlapped: Arc<Mutex<Vec<i64>>>,
+        /// The rows leased at the end of job 0's run.
+        leased_meanwhile: Arc<Mutex<Option<i64>>>,
+    }
+    #[async_trait]
+    impl Handler<PgWorkTx> for Watched {
+        type Data = Step;
+        async fn handle(&self, job: Job<Step>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+            use std::sync::atomic::Ordering;
+            let n = job.envelope.data.n;
+            if n == 0 {
+                self.suspect_running.store(true, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let leased: i64 = sqlx::query_scalar("select count(*) from core.jobs where leased")
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(JobError::retry)?;
+                *self.leased_meanwhile.lock().expect("not poisoned") = Some(leased);
+                self.suspect_running.store(false, Ordering::SeqCst);
+            } else if self.suspect_running.load(Ordering::SeqCst) {
+                self.overlapped.lock().expect("not poisoned").push(n);
+            }
+            sqlx::query("insert into effects (n) values ($1)")
+                .bind(n)
+                .execute(tx.conn())
+                .await
+                .map_err(JobError::retry)?;
+            Ok(())
+        }
+    }
+    // Job 0 was leased by a worker that never settled it, and its lease ran out.
+    f.publish(&f.envelope(0, "ok"), PublishOptions::default())
+        .await;
+    let taken = (f.queue)
+        .receive(&f.name, 1, Duration::from_secs(60))
+        .await
+        .expect("receive");
+    assert_eq!(taken.len(), 1);
+    f.clock.advance(Duration::from_secs(61));
+    for n in 1..=8 {
+        f.publish(&f.envelope(n, "ok"), PublishOptions::default())
+            .await;
+    }
+    let handler = Watched {
+        pool: f.pool.clone(),
+        suspect_running: Arc::default(),
+        overlapped: Arc::default(),
+        leased_meanwhile: Arc::default(),
+    };
+    let (overlapped, leased_meanwhile) =
+        (handler.overlapped.clone(), handler.leased_meanwhile.clone());
+    let worker = Arc::new(
+        f.grouped(Arc::new(f.queue.clone()), handler, config(4))
+            .expect("valid"),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+    for _ in 0..1000 {
+        if f.effects().await.len() >= 9 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(()).expect("the worker runs");
+    running.await.expect("the worker stops");
+    assert_eq!(
+        f.effects().await,
+        (0..=8).collect::<Vec<_>>(),
+        "each job once"
+    );
+    assert_eq!(
+        *overlapped.lock().expect("not poisoned"),
+        Vec::<i64>::new(),
+        "no job started while the one whose lease expired ran"
+    );
+    assert_eq!(
+        *leased_meanwhile.lock().expect("not poisoned"),
+        Some(1),
+        "nothing but itself leased while it ran"
+    );
+    f.db.drop_db().await;
+}
