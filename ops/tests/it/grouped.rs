@@ -413,12 +413,11 @@ async fn the_grouped_loop_drains_a_queue_exactly_once_and_gives_back_what_it_hol
 #[tokio::test]
 async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
     let f = Fixture::new().await;
-    for n in 0..40 {
-        f.publish(&f.envelope(n, "ok"), PublishOptions::default())
-            .await;
-    }
-    /// Blocks in its handler until told to go on, so the loop's buffer stays full.
-    struct Gate(Arc<tokio::sync::Semaphore>);
+    f.publish(&f.envelope(0, "ok"), PublishOptions::default())
+        .await;
+    /// Blocks in its handler until told to go on, so the loop's buffer stays full; says when
+    /// it is entered.
+    struct Gate(Arc<tokio::sync::Semaphore>, Arc<tokio::sync::Notify>);
     #[async_trait]
     impl Handler<PgWorkTx> for Gate {
         type Data = serde_json::Value;
@@ -427,22 +426,44 @@ async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
             _: Job<serde_json::Value>,
             _: &mut PgWorkTx,
         ) -> Result<(), JobError> {
+            self.1.notify_one();
             let _permit = self.0.acquire().await.map_err(JobError::retry)?;
             Ok(())
         }
     }
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (gate, entered) = (
+        Arc::new(tokio::sync::Semaphore::new(0)),
+        Arc::new(tokio::sync::Notify::new()),
+    );
     let queue = Arc::new(f.queue.clone());
     let mut cfg = config(10);
     cfg.concurrency = 1;
     // Long enough that a fetch under way at the stop answers within it on a loaded machine
     // (it is given back with the rest), short enough to abandon the blocked job quickly.
     cfg.shutdown_grace = Duration::from_secs(2);
-    let worker = Arc::new(f.grouped(queue, Gate(gate.clone()), cfg).expect("valid"));
+    let worker = Arc::new(
+        f.grouped(queue, Gate(gate.clone(), entered.clone()), cfg)
+            .expect("valid"),
+    );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(worker.run(async {
         let _ = stopped.await;
     }));
+    // The running group holds the first job alone (on a loaded machine a group formed after
+    // a second fetch would hold three), then the rest arrive at once.
+    tokio::time::timeout(Duration::from_secs(30), entered.notified())
+        .await
+        .expect("the first job's handler starts");
+    let rest: Vec<jobs_adapter_postgres::NewJob> = (1..40)
+        .map(|n| jobs_adapter_postgres::NewJob {
+            envelope: f.envelope(n, "ok"),
+            opts: PublishOptions::default(),
+        })
+        .collect();
+    f.queue
+        .publish_batch(&f.name, &rest)
+        .await
+        .expect("publish");
     // The loop starts slow (fetches of 1, 2, 4, 8) and keeps fetching while the group runs,
     // until a group waits in the buffer, each fetch asking for up to two groups ahead: the
     // blocked job and fourteen more are leased, and no more than that however long the group
