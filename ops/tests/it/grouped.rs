@@ -194,9 +194,9 @@ impl Fixture {
             .expect("publish");
     }
 
-    /// Jobs `0..jobs` that succeed, in one batch.
-    async fn publish_ok(&self, jobs: i64) {
-        let batch: Vec<jobs_adapter_postgres::NewJob> = (0..jobs)
+    /// Jobs numbered `ns` that succeed, in one batch.
+    async fn publish_ok(&self, ns: std::ops::Range<i64>) {
+        let batch: Vec<jobs_adapter_postgres::NewJob> = ns
             .map(|n| jobs_adapter_postgres::NewJob {
                 envelope: self.envelope(n, "ok"),
                 opts: PublishOptions::default(),
@@ -379,7 +379,7 @@ async fn the_build_refuses_a_queue_that_cannot_join_the_stores_transactions() {
 async fn the_grouped_loop_drains_a_queue_exactly_once_and_gives_back_what_it_holds() {
     let f = Fixture::new().await;
     let jobs = 600;
-    f.publish_ok(jobs).await;
+    f.publish_ok(0..jobs).await;
     let mut cfg = config(16);
     cfg.concurrency = 4;
     let worker = Arc::new(f.worker(cfg).expect("valid"));
@@ -454,16 +454,7 @@ async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
     tokio::time::timeout(Duration::from_secs(30), entered.notified())
         .await
         .expect("the first job's handler starts");
-    let rest: Vec<jobs_adapter_postgres::NewJob> = (1..40)
-        .map(|n| jobs_adapter_postgres::NewJob {
-            envelope: f.envelope(n, "ok"),
-            opts: PublishOptions::default(),
-        })
-        .collect();
-    f.queue
-        .publish_batch(&f.name, &rest)
-        .await
-        .expect("publish");
+    f.publish_ok(1..40).await;
     // The loop starts slow (fetches of 1, 2, 4, 8) and keeps fetching while the group runs,
     // until a group waits in the buffer, each fetch asking for up to two groups ahead: the
     // blocked job and fourteen more are leased, and no more than that however long the group
@@ -696,7 +687,7 @@ async fn a_worker_whose_connections_are_killed_drains_each_job_once() {
     // connection killed under it fails the statement that uses it, and the worker goes on.
     let f = Fixture::new().await;
     let jobs = 3_000;
-    f.publish_ok(jobs).await;
+    f.publish_ok(0..jobs).await;
     let mut cfg = config(16);
     cfg.concurrency = 4;
     cfg.lease = Duration::from_secs(2);
@@ -901,7 +892,7 @@ async fn a_group_takes_its_tokens_before_its_transaction_opens_and_waits_short_o
     let worker = f
         .grouped(Arc::new(f.queue.clone()), throttled, cfg)
         .expect("valid");
-    f.publish_ok(8).await;
+    f.publish_ok(0..8).await;
 
     // Eight jobs for one token every 30 ms: the group waits for them, then runs all eight.
     let outcomes = worker.run_once().await.expect("run");
