@@ -216,6 +216,15 @@ impl Fixture {
             .expect("read effects")
     }
 
+    /// Waits until at least `jobs` effects have committed, or `within` has passed (the
+    /// assertions that follow say which).
+    async fn await_effects(&self, jobs: usize, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.effects().await.len() < jobs && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     async fn pending(&self) -> u64 {
         self.queue.depth(&self.name).await.expect("depth").total()
     }
@@ -387,21 +396,12 @@ async fn the_grouped_loop_drains_a_queue_exactly_once_and_gives_back_what_it_hol
     let running = tokio::spawn(worker.clone().run(async {
         let _ = stopped.await;
     }));
-    for _ in 0..600 {
-        if f.effects().await.len() == usize::try_from(jobs).expect("small") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let drained = usize::try_from(jobs).expect("small");
+    f.await_effects(drained, Duration::from_secs(30)).await;
     // One more job while idle: the wake-up brings it in.
     f.publish(&f.envelope(jobs, "ok"), PublishOptions::default())
         .await;
-    for _ in 0..200 {
-        if f.effects().await.len() > usize::try_from(jobs).expect("small") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    f.await_effects(drained + 1, Duration::from_secs(5)).await;
     stop.send(()).expect("the worker runs");
     running.await.expect("the worker stops");
     let effects = f.effects().await;
@@ -1039,10 +1039,7 @@ async fn a_job_whose_lease_expired_runs_alone_with_nothing_else_leased() {
         .expect("receive");
     assert_eq!(taken.len(), 1);
     f.clock.advance(Duration::from_secs(61));
-    for n in 1..=8 {
-        f.publish(&f.envelope(n, "ok"), PublishOptions::default())
-            .await;
-    }
+    f.publish_ok(1..9).await;
     let handler = Watched {
         pool: f.pool.clone(),
         suspect_running: Arc::default(),
@@ -1059,12 +1056,7 @@ async fn a_job_whose_lease_expired_runs_alone_with_nothing_else_leased() {
     let running = tokio::spawn(worker.run(async {
         let _ = stopped.await;
     }));
-    for _ in 0..1000 {
-        if f.effects().await.len() >= 9 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    f.await_effects(9, Duration::from_secs(10)).await;
     stop.send(()).expect("the worker runs");
     running.await.expect("the worker stops");
     assert_eq!(
