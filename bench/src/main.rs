@@ -30,7 +30,8 @@ environment: \
                  for ratelimit; JOBS_BENCH_MESSAGES \
                  (default 2000) for vercel, on Vercel's emulator from .venv; DATABASE_URL, \
                  JOBS_BENCH_PG_QUEUE_JOBS (default 100000, or the argument) for pg-queue; \
-                 DATABASE_URL, JOBS_BENCH_FAIR_BACKLOGS (default 10000,100000) for fairness"
+                 DATABASE_URL, JOBS_BENCH_FAIR_BACKLOGS (default 10000,100000) for fairness; \
+                 JOBS_BENCH_RUNTIME=current_thread for any on tokio's current-thread runtime"
             );
             return ExitCode::from(2);
         }

@@ -9,12 +9,18 @@ use metrics_util::registry::{AtomicStorage, Registry};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection};
 
-/// Runs `work` to completion on a multi-threaded runtime, as a deployment would.
+/// Runs `work` to completion on a multi-threaded runtime, as a deployment would, or on a
+/// current-thread one with `JOBS_BENCH_RUNTIME=current_thread` (what that choice costs a
+/// worker, ADR 0011).
 pub(crate) fn block_on(work: impl Future<Output = Result<()>>) -> Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(work)
+    let mut builder = match std::env::var("JOBS_BENCH_RUNTIME").as_deref() {
+        Err(_) | Ok("multi_thread") => tokio::runtime::Builder::new_multi_thread(),
+        Ok("current_thread") => tokio::runtime::Builder::new_current_thread(),
+        Ok(other) => anyhow::bail!(
+            "JOBS_BENCH_RUNTIME must be multi_thread or current_thread, not `{other}`"
+        ),
+    };
+    builder.enable_all().build()?.block_on(work)
 }
 
 /// The number in the environment variable `var`, or `default` when it is unset.
