@@ -147,6 +147,7 @@ mod tests {
             name: name.to_owned(),
             dir: dir.to_owned(),
             deps: Vec::new(),
+            targets: Vec::new(),
         }
     }
 

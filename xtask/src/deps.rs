@@ -128,6 +128,7 @@ mod tests {
                     "name": name,
                     "manifest_path": format!("/ws/{dir}/Cargo.toml"),
                     "dependencies": deps,
+                    "targets": [],
                 })
             })
             .collect();

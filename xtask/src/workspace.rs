@@ -66,6 +66,28 @@ pub(crate) struct Dep {
     pub(crate) kind: Kind,
 }
 
+/// What a target builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TargetKind {
+    /// A library of any crate type (`lib`, `rlib`, `proc-macro`, ...).
+    Lib,
+    /// A binary.
+    Bin,
+    /// A test, benchmark, example or build script.
+    Other,
+}
+
+/// A target of a package: a crate with its own root file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// The target name, e.g. `jobs_ops` or `jobs-fakes`.
+    pub(crate) name: String,
+    /// What it builds.
+    pub(crate) kind: TargetKind,
+    /// Its root file relative to the workspace root, `/`-separated (`ops/src/main.rs`).
+    pub(crate) src: String,
+}
+
 /// A workspace member.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Package {
@@ -75,6 +97,8 @@ pub(crate) struct Package {
     pub(crate) dir: String,
     /// Every declared dependency, third-party ones included.
     pub(crate) deps: Vec<Dep>,
+    /// Every target, tests and examples included.
+    pub(crate) targets: Vec<Target>,
 }
 
 impl Package {
@@ -109,11 +133,7 @@ pub(crate) fn parse(metadata: &Value) -> Result<Vec<Package>> {
                 .parent()
                 .and_then(|dir| dir.strip_prefix(root).ok())
                 .with_context(|| format!("{name}: manifest {manifest:?} is outside {root:?}"))?;
-            let dir = dir
-                .components()
-                .map(|part| part.as_os_str().to_string_lossy())
-                .collect::<Vec<_>>()
-                .join("/");
+            let dir = slashed(dir);
             let deps = package["dependencies"]
                 .as_array()
                 .with_context(|| format!("{name}: no `dependencies` array"))?
@@ -131,13 +151,54 @@ pub(crate) fn parse(metadata: &Value) -> Result<Vec<Package>> {
                     })
                 })
                 .collect::<Result<_>>()?;
+            let targets = package["targets"]
+                .as_array()
+                .with_context(|| format!("{name}: no `targets` array"))?
+                .iter()
+                .map(|target| target_of(name, root, target))
+                .collect::<Result<_>>()?;
             Ok(Package {
                 name: name.to_owned(),
                 dir,
                 deps,
+                targets,
             })
         })
         .collect()
+}
+
+fn target_of(package: &str, root: &Path, target: &Value) -> Result<Target> {
+    let kinds = target["kind"]
+        .as_array()
+        .with_context(|| format!("{package}: a target has no `kind` array"))?;
+    let has = |wanted: &str| kinds.iter().any(|kind| kind.as_str() == Some(wanted));
+    let kind = if has("bin") {
+        TargetKind::Bin
+    } else if ["test", "bench", "example", "custom-build"]
+        .iter()
+        .any(|other| has(other))
+    {
+        TargetKind::Other
+    } else {
+        TargetKind::Lib
+    };
+    let src = Path::new(field(target, "src_path")?);
+    let relative = src
+        .strip_prefix(root)
+        .with_context(|| format!("{package}: target source {src:?} is outside {root:?}"))?;
+    Ok(Target {
+        name: field(target, "name")?.to_owned(),
+        kind,
+        src: slashed(relative),
+    })
+}
+
+/// `path` with `/` between its parts, whatever the platform's separator.
+fn slashed(path: &Path) -> String {
+    path.components()
+        .map(|part| part.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 /// Runs `cargo metadata` in `root` and parses its members; needs no compilation.
@@ -191,6 +252,14 @@ mod tests {
                     { "name": "jobs-testkit", "kind": "dev", "path": "/ws/testkit" },
                     { "name": "cc", "kind": "build" },
                 ],
+                "targets": [
+                    { "name": "jobs_adapter_memory", "kind": ["lib"],
+                      "src_path": "/ws/adapters/memory/src/lib.rs" },
+                    { "name": "queue", "kind": ["test"],
+                      "src_path": "/ws/adapters/memory/tests/queue.rs" },
+                    { "name": "fakes", "kind": ["bin"],
+                      "src_path": "/ws/adapters/memory/src/bin/fakes.rs" },
+                ],
             }],
         });
         let packages = parse(&metadata).unwrap();
@@ -199,5 +268,18 @@ mod tests {
         assert_eq!(packages[0].shown_dir(), "adapters/memory/");
         let kinds: Vec<_> = packages[0].deps.iter().map(|dep| dep.kind).collect();
         assert_eq!(kinds, [Kind::Normal, Kind::Dev, Kind::Build]);
+        let targets: Vec<_> = packages[0]
+            .targets
+            .iter()
+            .map(|target| (target.kind, target.src.as_str()))
+            .collect();
+        assert_eq!(
+            targets,
+            [
+                (TargetKind::Lib, "adapters/memory/src/lib.rs"),
+                (TargetKind::Other, "adapters/memory/tests/queue.rs"),
+                (TargetKind::Bin, "adapters/memory/src/bin/fakes.rs"),
+            ]
+        );
     }
 }
