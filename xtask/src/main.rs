@@ -6,6 +6,7 @@ mod browser;
 mod conformance;
 mod deps;
 mod emulators;
+mod modules;
 mod mutants;
 mod packaging;
 mod services;
@@ -36,6 +37,8 @@ Commands:
           mutation testing of the runtime and the semantics crates (pinned cargo-mutants,
           installed when missing): every mutant, or with --in-diff those of lines changed since
           BASE (default HEAD~1); survivors fail unless xtask/equivalent-mutants.txt explains them
+  modules two modules of one crate, neither inside the other, that refer to each other (not
+          yet a CI step)
   help    print this message
 ";
 
@@ -47,6 +50,7 @@ enum Task {
     Emulators,
     Bench(String),
     Mutants(mutants::Scope),
+    Modules,
     Help,
     Unknown(String),
 }
@@ -59,6 +63,7 @@ fn parse_args(args: &[String]) -> Task {
             "schema" => Task::Schema,
             "emulators" => Task::Emulators,
             "mutants" => Task::Mutants(mutants::Scope::All),
+            "modules" => Task::Modules,
             "help" | "--help" | "-h" => Task::Help,
             _ => Task::Unknown(arg.clone()),
         },
@@ -129,6 +134,20 @@ fn main() -> ExitCode {
         },
         Task::Mutants(scope) => match mutants::run(&workspace_root(), &scope) {
             Ok(problems) if problems.is_empty() => ExitCode::SUCCESS,
+            Ok(problems) => {
+                problems.iter().for_each(|p| eprintln!("error: {p}"));
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("{e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Task::Modules => match modules::problems(&workspace_root()) {
+            Ok(problems) if problems.is_empty() => {
+                println!("modules: no two modules of one crate refer to each other");
+                ExitCode::SUCCESS
+            }
             Ok(problems) => {
                 problems.iter().for_each(|p| eprintln!("error: {p}"));
                 ExitCode::FAILURE
@@ -473,6 +492,11 @@ mod tests {
         assert_eq!(
             parse_args(&args(&["mutants", "--in-diff", "main"])),
             Task::Mutants(mutants::Scope::InDiff("main".into()))
+        );
+        assert_eq!(parse_args(&args(&["modules"])), Task::Modules);
+        assert_eq!(
+            parse_args(&args(&["modules", "x"])),
+            Task::Unknown("modules x".into())
         );
         assert_eq!(parse_args(&args(&["lint"])), Task::Unknown("lint".into()));
         assert_eq!(
