@@ -18,7 +18,7 @@ use sqlx::types::Uuid;
 use tokio::time::Instant;
 
 use crate::PgQueue;
-use crate::queue::{deliveries, queue_error, timestamp};
+use crate::rows::{deliveries, queue_error, timestamp};
 
 /// How long a queue not asked to be fair trusts its last reading of `core.fair_queues`.
 pub(crate) const RECHECK: Duration = Duration::from_secs(5);

@@ -54,6 +54,8 @@ mod outbox;
 mod partitions;
 #[cfg(feature = "queue")]
 mod queue;
+#[cfg(feature = "queue")]
+mod rows;
 mod tenants;
 mod tx;
 

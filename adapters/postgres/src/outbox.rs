@@ -13,7 +13,7 @@ use jobs_core::{
 use sqlx::{PgConnection, PgPool};
 
 use crate::convert::from_timestamp;
-use crate::queue::{queue_error, timestamp};
+use crate::rows::{queue_error, timestamp};
 
 /// The advisory lock key the relay holds for its transaction: one relay at a time, so rows
 /// are forwarded in id order.

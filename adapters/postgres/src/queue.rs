@@ -21,43 +21,14 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::convert::{from_timestamp, to_timestamp};
-use crate::error::{is_schema_missing, is_transient, store_error};
+use crate::error::store_error;
 use crate::fair::{Fetch, Lanes};
+use crate::rows::{Leased, parse_token, queue_error, timestamp};
 use crate::tx::Taken;
 use crate::{PgStore, PgWorkTx};
 
 /// The channel `core.jobs`' insert trigger notifies, with the queue name as payload.
 pub(crate) const CHANNEL: &str = "core_jobs";
-
-/// `e` from PostgreSQL as a [`QueueError`] of `queue`: transient failures are
-/// [`QueueError::Unavailable`], the rest [`QueueError::Rejected`].
-pub(crate) fn queue_error(queue: &QueueName, what: &str, e: sqlx::Error) -> QueueError {
-    if is_transient(&e) {
-        QueueError::Unavailable {
-            queue: queue.clone(),
-            message: format!("{what}: {e}"),
-            source: Some(Box::new(e)),
-        }
-    } else if is_schema_missing(&e) {
-        QueueError::Rejected {
-            queue: queue.clone(),
-            reason: format!("{what}: {e} (the schema is missing or behind: run `jobsctl migrate`)"),
-        }
-    } else {
-        QueueError::Rejected {
-            queue: queue.clone(),
-            reason: format!("{what}: {e}"),
-        }
-    }
-}
-
-/// A time the port handed us that PostgreSQL cannot store.
-pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc>, QueueError> {
-    to_timestamp(t).map_err(|e| QueueError::Rejected {
-        queue: queue.clone(),
-        reason: e.to_string(),
-    })
-}
 
 /// The queue on PostgreSQL: [`QueuePort`], [`PullPort`], [`SettlePort`] and [`QueueDepth`] over
 /// `core.jobs`; clones share the pool.
@@ -415,42 +386,6 @@ pub const LEASE_STATEMENT: &str = "with async_commit as \
          coalesce(array_agg(expired order by id), '{}') as expired \
      from leased";
 
-/// [`LEASE_STATEMENT`]'s answer.
-#[derive(sqlx::FromRow)]
-struct Leased {
-    ids: Vec<i64>,
-    payloads: Vec<Vec<u8>>,
-    deliveries: Vec<i32>,
-    generations: Vec<i64>,
-    expired: Vec<bool>,
-}
-
-impl Leased {
-    /// The deliveries of queue `queue`, each lease ending at `until`, in id order.
-    fn deliveries(self, queue: &QueueName, until: SystemTime) -> Vec<Delivery> {
-        let Leased {
-            ids,
-            payloads,
-            deliveries,
-            generations,
-            expired,
-        } = self;
-        let rows = payloads
-            .into_iter()
-            .zip(deliveries)
-            .zip(generations)
-            .zip(expired);
-        ids.into_iter()
-            .zip(rows)
-            .map(|(id, (((payload, attempt), generation), expired))| {
-                let lease = Lease::new(queue.clone(), token(id, generation), until);
-                let attempt = u32::try_from(attempt).unwrap_or(0);
-                Delivery::new(payload, attempt, Some(id.to_string()), lease).after_expiry(expired)
-            })
-            .collect()
-    }
-}
-
 /// The guard of every settlement: this delivery's generation, leased, lease not expired.
 macro_rules! fenced {
     ($head:literal) => {
@@ -461,56 +396,12 @@ macro_rules! fenced {
     };
 }
 
+/// The error of a settlement whose lease no longer holds its row: settled already, expired
+/// and leased again, or a token that is not this queue's.
 fn lost(queue: &QueueName) -> QueueError {
     QueueError::LeaseLost {
         queue: queue.clone(),
     }
-}
-
-fn token(id: i64, generation: i64) -> String {
-    format!("{id}.{generation}")
-}
-
-fn parse_token(token: &str) -> Option<(i64, i64)> {
-    let (id, generation) = token.split_once('.')?;
-    Some((id.parse().ok()?, generation.parse().ok()?))
-}
-
-/// The deliveries of rows the fair fetch leased (id, payload, deliveries, generation, lease
-/// end, expired), in the order of the integer column `order`: the order its rounds served
-/// them.
-pub(crate) fn deliveries(
-    queue: &QueueName,
-    rows: Vec<PgRow>,
-    order: usize,
-) -> Result<Vec<Delivery>, QueueError> {
-    let corrupt = |e: sqlx::Error| queue_error(queue, "read a leased row", e);
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let id: i64 = row.try_get(0).map_err(corrupt)?;
-        let key: i32 = row.try_get(order).map_err(corrupt)?;
-        let payload: Vec<u8> = row.try_get(1).map_err(corrupt)?;
-        let attempt: i32 = row.try_get(2).map_err(corrupt)?;
-        let generation: i64 = row.try_get(3).map_err(corrupt)?;
-        let expires: DateTime<Utc> = row.try_get(4).map_err(corrupt)?;
-        let expired: bool = row.try_get(5).map_err(corrupt)?;
-        let expires_at = from_timestamp(expires).map_err(|e| QueueError::Rejected {
-            queue: queue.clone(),
-            reason: e.to_string(),
-        })?;
-        out.push((
-            key,
-            Delivery::new(
-                payload,
-                u32::try_from(attempt).unwrap_or(0),
-                Some(id.to_string()),
-                Lease::new(queue.clone(), token(id, generation), expires_at),
-            )
-            .after_expiry(expired),
-        ));
-    }
-    out.sort_by_key(|(key, _)| *key);
-    Ok(out.into_iter().map(|(_, d)| d).collect())
 }
 
 #[async_trait]
@@ -1159,19 +1050,6 @@ impl Wakeups {
                     return Wake::Polled;
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_round_trip_and_refuse_garbage() {
-        assert_eq!(parse_token(&token(42, 7)), Some((42, 7)));
-        for bad in ["", "42", "42.", ".7", "a.b", "42.7.1"] {
-            assert_eq!(parse_token(bad), None, "{bad:?}");
         }
     }
 }
