@@ -1,34 +1,38 @@
-//! Fair dequeue across tenants on the PostgreSQL queue (ADR 0013): which queues a
-//! [`PgQueue`] fetches through `core.lease_fair`, listing them in `core.fair_queues`, and the
+//! Fair dequeue across tenants on the PostgreSQL queue (ADR 0013): which queues are fetched
+//! through `core.lease_fair`, listing them in `core.fair_queues`, the fetch itself, and the
 //! weights of `core.tenant_weights`.
 //!
 //! The database's list is what counts: a queue listed there gives its rows a lane at insert
-//! and is fetched fairly by every worker, also one built without asking for it (its
-//! [`PgQueue`] reads the list every [`RECHECK`]), so one process cannot serve a fair queue
-//! oldest first.
+//! and is fetched fairly by every worker, also by one built without asking for it (which
+//! reads the list again every [`RECHECK`]), so one process cannot serve a fair queue oldest
+//! first.
+//!
+//! The queue keeps a [`Lanes`] for its clones and calls in with what each statement needs,
+//! its pool and its clock: the fair fetch does not know the queue, so the dependency runs one
+//! way, from the queue to here.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use jobs_core::{Delivery, QueueError, QueueName, TenantFairness, TenantId, TenantWeights};
+use jobs_core::{Clock, Delivery, QueueError, QueueName, TenantFairness, TenantId};
+use sqlx::PgPool;
 use sqlx::types::Uuid;
 use tokio::time::Instant;
 
-use crate::PgQueue;
 use crate::rows::{deliveries, queue_error, timestamp};
 
 /// How long a queue not asked to be fair trusts its last reading of `core.fair_queues`.
 pub(crate) const RECHECK: Duration = Duration::from_secs(5);
 
-/// The fair-fetch state of every queue, shared by a [`PgQueue`]'s clones.
+/// The fair-fetch state of every queue, shared by a queue's clones.
 #[derive(Default)]
 pub(crate) struct Lanes {
     queues: Mutex<HashMap<QueueName, Lane>>,
 }
 
+/// What this process knows of one queue's fair fetch.
 #[derive(Default)]
 struct Lane {
     /// Asked of this process ([`jobs_core::PullPort::share_by_tenant`]).
@@ -41,7 +45,7 @@ struct Lane {
     cursor: (Option<Uuid>, i32),
 }
 
-/// How a receive fetches.
+/// How a receive fetches, as [`Lanes::fetch_mode`] decides.
 pub(crate) enum Fetch {
     /// `LEASE_STATEMENT`: oldest first over the rows without a lane.
     Oldest,
@@ -50,11 +54,15 @@ pub(crate) enum Fetch {
 }
 
 impl Lanes {
+    /// The map, locked for one short step, never across an await.
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<QueueName, Lane>> {
         // Every mutation leaves the map consistent before it can panic.
         self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Records that this process fetches `queue` fairly with `fairness`; the queue is listed
+    /// with it at the next fetch ([`Fetch::Fair`] with `Some`), or at once by
+    /// [`make_fair`](Self::make_fair). A new limit is listed again.
     pub(crate) fn want(&self, queue: &QueueName, fairness: TenantFairness) {
         let mut queues = self.lock();
         let lane = queues.entry(queue.clone()).or_default();
@@ -80,25 +88,28 @@ impl Lanes {
         }
     }
 
+    /// The lane to start after on `queue`'s next fair fetch, and what is left of its turn.
     fn cursor(&self, queue: &QueueName) -> (Option<Uuid>, i32) {
         self.lock().get(queue).map(|l| l.cursor).unwrap_or_default()
     }
-}
 
-impl PgQueue {
     /// How a receive on `queue` fetches: fairly when this process asked for it or the
     /// database lists the queue, oldest first otherwise.
-    pub(crate) async fn fetch_mode(&self, queue: &QueueName) -> Result<Fetch, QueueError> {
-        if let Some(known) = self.lanes().known(queue) {
+    pub(crate) async fn fetch_mode(
+        &self,
+        pool: &PgPool,
+        queue: &QueueName,
+    ) -> Result<Fetch, QueueError> {
+        if let Some(known) = self.known(queue) {
             return Ok(known);
         }
         let listed: bool =
             sqlx::query_scalar("select exists (select 1 from core.fair_queues where queue = $1)")
                 .bind(queue.as_str())
-                .fetch_one(self.pool())
+                .fetch_one(pool)
                 .await
                 .map_err(|e| queue_error(queue, "read core.fair_queues", e))?;
-        let mut queues = self.lanes().lock();
+        let mut queues = self.lock();
         let lane = queues.entry(queue.clone()).or_default();
         if listed && !lane.listed.is_some_and(|(was, _)| was) {
             tracing::warn!(
@@ -114,25 +125,29 @@ impl PgQueue {
         })
     }
 
-    /// Fetches `queue` fairly from now on, as [`PullPort::share_by_tenant`] does, and lists
-    /// it in the database at once rather than at the first receive: for a composition that
-    /// publishes before its workers start, so that those jobs are published with their lanes.
-    ///
-    /// [`PullPort::share_by_tenant`]: jobs_core::PullPort::share_by_tenant
-    pub async fn make_fair(
+    /// Fetches `queue` fairly from now on, as [`want`](Self::want) does, and lists it in
+    /// `pool`'s database at once rather than at the first receive, so that jobs published
+    /// before the workers start get their lanes.
+    pub(crate) async fn make_fair(
         &self,
+        pool: &PgPool,
         queue: &QueueName,
         fairness: TenantFairness,
     ) -> Result<(), QueueError> {
-        self.lanes().want(queue, fairness);
-        self.list(queue, fairness).await
+        self.want(queue, fairness);
+        self.list(pool, queue, fairness).await
     }
 
     /// Lists `queue` in `core.fair_queues` with `fairness`' limit, and gives its rows their
     /// lanes. The table is locked against writes meanwhile (`share row exclusive`), so that
     /// no insert made before the listing commits is left without its lane; that is done once
     /// per process and queue, and only when the list does not already say so.
-    async fn list(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), QueueError> {
+    async fn list(
+        &self,
+        pool: &PgPool,
+        queue: &QueueName,
+        fairness: TenantFairness,
+    ) -> Result<(), QueueError> {
         let fail = |what| move |e| queue_error(queue, what, e);
         let limit: Option<i32> = fairness
             .limit_value()
@@ -140,11 +155,11 @@ impl PgQueue {
         let listed: Option<Option<i32>> =
             sqlx::query_scalar("select tenant_limit from core.fair_queues where queue = $1")
                 .bind(queue.as_str())
-                .fetch_optional(self.pool())
+                .fetch_optional(pool)
                 .await
                 .map_err(fail("read core.fair_queues"))?;
         if listed != Some(limit) {
-            let mut tx = self.pool().begin().await.map_err(fail("begin"))?;
+            let mut tx = pool.begin().await.map_err(fail("begin"))?;
             sqlx::query("lock table core.jobs in share row exclusive mode")
                 .execute(&mut *tx)
                 .await
@@ -179,7 +194,7 @@ impl PgQueue {
                 tracing::info!(%queue, %fairness, jobs = moved, "queue fetched fairly from now on");
             }
         }
-        let mut queues = self.lanes().lock();
+        let mut queues = self.lock();
         let lane = queues.entry(queue.clone()).or_default();
         lane.listed_as_wanted = lane.wanted == Some(fairness);
         lane.listed = Some((true, Instant::now()));
@@ -187,19 +202,22 @@ impl PgQueue {
     }
 
     /// One call of `core.lease_fair`, after listing the queue when `list` says so; the
-    /// deliveries in the order the rounds served them.
+    /// deliveries in the order the rounds served them. "Now" is read from `clock` after the
+    /// listing, so the leases start when the fetch does.
     pub(crate) async fn lease_fair(
         &self,
+        pool: &PgPool,
+        clock: &dyn Clock,
         queue: &QueueName,
         list: Option<TenantFairness>,
         max: usize,
         lease: Duration,
     ) -> Result<Vec<Delivery>, QueueError> {
         if let Some(fairness) = list {
-            self.list(queue, fairness).await?;
+            self.list(pool, queue, fairness).await?;
         }
-        let now = self.now();
-        let (after, left) = self.lanes().cursor(queue);
+        let now = clock.now();
+        let (after, left) = self.cursor(queue);
         let rows = sqlx::query(
             "select id, payload, deliveries, lease_gen, visible_at, expired, ord, cursor_lane, \
                     cursor_left \
@@ -214,7 +232,7 @@ impl PgQueue {
         .bind(i32::try_from(max).unwrap_or(i32::MAX))
         .bind(after)
         .bind(left)
-        .fetch_all(self.pool())
+        .fetch_all(pool)
         .await
         .map_err(|e| queue_error(queue, "lease jobs fairly from core.jobs", e))?;
         if let Some(row) = rows.first() {
@@ -225,7 +243,7 @@ impl PgQueue {
                 row.try_get(8)
                     .map_err(|e| queue_error(queue, "read a leased row", e))?,
             );
-            if let Some(lane) = self.lanes().lock().get_mut(queue) {
+            if let Some(lane) = self.lock().get_mut(queue) {
                 lane.cursor = (cursor.0, cursor.1.unwrap_or(0));
             }
         }
@@ -233,25 +251,24 @@ impl PgQueue {
     }
 }
 
-/// Weights in `core.tenant_weights`, which `core.lease_fair` reads in the same round trip.
-#[async_trait]
-impl TenantWeights for PgQueue {
-    async fn set_weight(
-        &self,
-        queue: &QueueName,
-        tenant: TenantId,
-        weight: NonZeroU32,
-    ) -> Result<(), QueueError> {
-        sqlx::query(
-            "insert into core.tenant_weights (queue, tenant_id, weight) values ($1, $2, $3) \
-             on conflict (queue, tenant_id) do update set weight = excluded.weight",
-        )
-        .bind(queue.as_str())
-        .bind(tenant.as_uuid())
-        .bind(i32::try_from(weight.get()).unwrap_or(i32::MAX))
-        .execute(self.pool())
-        .await
-        .map_err(|e| queue_error(queue, "write core.tenant_weights", e))?;
-        Ok(())
-    }
+/// Sets `tenant`'s weight on `queue` in `core.tenant_weights` of `pool`'s database, which
+/// `core.lease_fair` reads in the same round trip as its fetch: the next fair fetch of any
+/// worker serves by it.
+pub(crate) async fn set_weight(
+    pool: &PgPool,
+    queue: &QueueName,
+    tenant: TenantId,
+    weight: NonZeroU32,
+) -> Result<(), QueueError> {
+    sqlx::query(
+        "insert into core.tenant_weights (queue, tenant_id, weight) values ($1, $2, $3) \
+         on conflict (queue, tenant_id) do update set weight = excluded.weight",
+    )
+    .bind(queue.as_str())
+    .bind(tenant.as_uuid())
+    .bind(i32::try_from(weight.get()).unwrap_or(i32::MAX))
+    .execute(pool)
+    .await
+    .map_err(|e| queue_error(queue, "write core.tenant_weights", e))?;
+    Ok(())
 }

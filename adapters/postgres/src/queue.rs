@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -11,7 +12,7 @@ use chrono::{DateTime, Utc};
 use jobs_core::{
     Claim, Clock, ConsumerName, Delivery, Depth, Envelope, JobId, Lease, PublishOptions, PullPort,
     QueueDepth, QueueError, QueueName, QueuePort, Receipt, SettleInTransaction, SettlePort,
-    Settlement, StoreError, SystemClock, TenantFairness, later,
+    Settlement, StoreError, SystemClock, TenantFairness, TenantId, TenantWeights, later,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgListener, PgRow};
@@ -22,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::convert::{from_timestamp, to_timestamp};
 use crate::error::store_error;
-use crate::fair::{Fetch, Lanes};
+use crate::fair::{self, Fetch, Lanes};
 use crate::rows::{Leased, parse_token, queue_error, timestamp};
 use crate::tx::Taken;
 use crate::{PgStore, PgWorkTx};
@@ -111,16 +112,6 @@ impl PgQueue {
             clock: Arc::new(SystemClock),
             lanes: Arc::default(),
         }
-    }
-
-    /// The fair-fetch state, shared by the clones.
-    pub(crate) fn lanes(&self) -> &Lanes {
-        &self.lanes
-    }
-
-    /// Now, on the queue's clock.
-    pub(crate) fn now(&self) -> SystemTime {
-        self.clock.now()
     }
 
     /// The same queue reading time from `clock` (a `ManualClock` in tests).
@@ -430,8 +421,11 @@ impl PullPort for PgQueue {
         if max == 0 {
             return Ok(vec![]);
         }
-        if let Fetch::Fair(list) = self.fetch_mode(queue).await? {
-            return self.lease_fair(queue, list, max, lease).await;
+        if let Fetch::Fair(list) = self.lanes.fetch_mode(&self.pool, queue).await? {
+            return self
+                .lanes
+                .lease_fair(&self.pool, self.clock.as_ref(), queue, list, max, lease)
+                .await;
         }
         let now = self.clock.now();
         let until = timestamp(queue, later(queue, now, lease, "lease")?)?;
@@ -482,10 +476,38 @@ impl PullPort for PgQueue {
     /// start with another limit sets it, and says so in its log) and gives its pending rows
     /// their lanes; from then on every worker of the database fetches it fairly, and every
     /// publish gives its rows a lane. Weights come from `core.tenant_weights`
-    /// ([`TenantWeights`](jobs_core::TenantWeights)).
+    /// ([`TenantWeights`]).
     fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
         self.lanes.want(queue, fairness);
         Ok(())
+    }
+}
+
+impl PgQueue {
+    /// Fetches `queue` fairly from now on, as [`PullPort::share_by_tenant`] does, and lists
+    /// it in the database at once rather than at the first receive: for a composition that
+    /// publishes before its workers start, so that those jobs are published with their lanes.
+    ///
+    /// [`PullPort::share_by_tenant`]: jobs_core::PullPort::share_by_tenant
+    pub async fn make_fair(
+        &self,
+        queue: &QueueName,
+        fairness: TenantFairness,
+    ) -> Result<(), QueueError> {
+        self.lanes.make_fair(&self.pool, queue, fairness).await
+    }
+}
+
+/// Weights in `core.tenant_weights`, which `core.lease_fair` reads in the same round trip.
+#[async_trait]
+impl TenantWeights for PgQueue {
+    async fn set_weight(
+        &self,
+        queue: &QueueName,
+        tenant: TenantId,
+        weight: NonZeroU32,
+    ) -> Result<(), QueueError> {
+        fair::set_weight(&self.pool, queue, tenant, weight).await
     }
 }
 
