@@ -116,12 +116,79 @@ impl MemoryQueue {
         };
         let (id, generation) = parse_token(lease.token()).ok_or_else(lost)?;
         let queue = state.queues.get_mut(lease.queue()).ok_or_else(lost)?;
-        match queue.messages.get(&id) {
-            Some(m) if m.leased && m.generation == generation && now < m.visible_at => {}
-            _ => return Err(lost()),
+        if !queue.holds(id, generation, now) {
+            return Err(lost());
         }
         settle(queue, id, now);
         Ok(())
+    }
+
+    /// Whether `other` is this queue or a clone of it, sharing its messages.
+    pub(crate) fn same_queues(&self, other: &MemoryQueue) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
+    }
+
+    /// Takes the message of `lease` out of everyone's reach if the lease still holds, as
+    /// [`SettlePort`] checks it: until [`give_back`](Self::give_back),
+    /// [`ack_held`](Self::ack_held) or [`release_held`](Self::release_held), no receive
+    /// delivers it, even past its lease's expiry, and the settle port refuses its lease.
+    /// Answers its id and generation.
+    pub(crate) fn take_leased(&self, lease: &Lease) -> Option<(u64, u64)> {
+        let now = self.clock.now();
+        let (id, generation) = parse_token(lease.token())?;
+        let mut state = self.lock();
+        let queue = state.queues.get_mut(lease.queue())?;
+        if !queue.holds(id, generation, now) {
+            return None;
+        }
+        queue.hold(id);
+        Some((id, generation))
+    }
+
+    /// Puts a held message back as it was when taken: leased until its lease's expiry, so
+    /// that it is delivered again after it, marked expired. Wakes waiters when that is past.
+    pub(crate) fn give_back(&self, name: &QueueName, id: u64) {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let Some(queue) = state.queues.get_mut(name) else {
+            return;
+        };
+        let ready = queue.unhold(id).is_some_and(|at| at <= now);
+        if ready {
+            state.wake(name);
+        }
+    }
+
+    /// Removes a held message for good.
+    pub(crate) fn ack_held(&self, name: &QueueName, id: u64) {
+        if let Some(queue) = self.lock().queues.get_mut(name) {
+            if queue.unhold(id).is_some() {
+                queue.remove(id);
+            }
+        }
+    }
+
+    /// Makes a held message visible at `at` (at once when it is past), no longer leased:
+    /// [`SettlePort::retry_at`] when `spent`, else [`SettlePort::defer`], giving back the
+    /// attempt. Wakes waiters when it is ready now, as a publish does.
+    pub(crate) fn release_held(&self, name: &QueueName, id: u64, at: SystemTime, spent: bool) {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let Some(queue) = state.queues.get_mut(name) else {
+            return;
+        };
+        if queue.unhold(id).is_none() {
+            return;
+        }
+        queue.make_visible_at(id, at.max(now), false);
+        if !spent {
+            if let Some(message) = queue.messages.get_mut(&id) {
+                message.deliveries = message.deliveries.saturating_sub(1);
+            }
+        }
+        if at <= now {
+            state.wake(name);
+        }
     }
 }
 
@@ -162,6 +229,8 @@ struct Queue {
     /// fetch goes on with it, or starts after it when its turn is over.
     cursor: Option<(Option<TenantId>, usize)>,
     weights: HashMap<TenantId, NonZeroU32>,
+    /// Per tenant, the messages held in work transactions: in flight, though out of the lanes.
+    held: HashMap<Option<TenantId>, usize>,
     dedup: HashMap<String, u64>,
     /// Deduplication keys in the order they expire.
     dedup_expiry: VecDeque<(SystemTime, String)>,
@@ -175,6 +244,9 @@ struct Message {
     deliveries: u32,
     visible_at: SystemTime,
     leased: bool,
+    /// Taken into a work transaction ([`MemoryQueue::take_leased`]): out of the visibility
+    /// indexes, so that no receive finds it, until the transaction ends.
+    held: bool,
     /// Bumped on every delivery, so a lease from an earlier delivery is refused.
     generation: u64,
 }
@@ -187,6 +259,7 @@ impl Message {
             deliveries: 0,
             visible_at,
             leased: false,
+            held: false,
             generation: 0,
         }
     }
@@ -248,6 +321,50 @@ impl Queue {
             message.leased = leased;
             self.visibility.insert((at, id));
         }
+    }
+
+    /// Whether the delivery `generation` of message `id` is still leased at `now`: the latest,
+    /// unsettled, unexpired and not held in a work transaction.
+    fn holds(&self, id: u64, generation: u64, now: SystemTime) -> bool {
+        self.messages.get(&id).is_some_and(|m| {
+            m.leased && !m.held && m.generation == generation && now < m.visible_at
+        })
+    }
+
+    /// Takes message `id` out of the visibility indexes and counts it held.
+    fn hold(&mut self, id: u64) {
+        let Some(message) = self.messages.get_mut(&id) else {
+            return;
+        };
+        if message.held {
+            return;
+        }
+        message.held = true;
+        self.visibility.remove(&(message.visible_at, id));
+        if let Some(lane) = self.lanes.get_mut(&message.tenant) {
+            lane.remove(&(message.visible_at, id));
+            if lane.is_empty() {
+                self.lanes.remove(&message.tenant);
+            }
+        }
+        *self.held.entry(message.tenant).or_default() += 1;
+    }
+
+    /// Puts held message `id` back in the visibility indexes as it stands; answers when it
+    /// becomes visible, `None` when it was not held.
+    fn unhold(&mut self, id: u64) -> Option<SystemTime> {
+        let message = self.messages.get_mut(&id).filter(|m| m.held)?;
+        message.held = false;
+        let (at, tenant) = (message.visible_at, message.tenant);
+        self.visibility.insert((at, id));
+        self.lanes.entry(tenant).or_default().insert((at, id));
+        if let Some(count) = self.held.get_mut(&tenant) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.held.remove(&tenant);
+            }
+        }
+        Some(at)
     }
 
     fn remove(&mut self, id: u64) {
@@ -324,7 +441,8 @@ impl Queue {
                         .skip_while(|(at, _)| *at <= now)
                         .filter(|(_, id)| self.messages.get(id).is_some_and(|m| m.leased))
                         .count();
-                    limit.saturating_sub(in_flight)
+                    let held = self.held.get(&tenant).copied().unwrap_or(0);
+                    limit.saturating_sub(in_flight.saturating_add(held))
                 });
                 let weight = tenant
                     .and_then(|t| self.weights.get(&t))
@@ -378,7 +496,8 @@ fn token(id: u64, generation: u64) -> String {
     format!("{id}.{generation}")
 }
 
-fn parse_token(token: &str) -> Option<(u64, u64)> {
+/// The message id and generation of a lease token of this queue.
+pub(crate) fn parse_token(token: &str) -> Option<(u64, u64)> {
     let (id, generation) = token.split_once('.')?;
     Some((id.parse().ok()?, generation.parse().ok()?))
 }
@@ -516,6 +635,7 @@ impl TenantWeights for MemoryQueue {
     }
 }
 
+/// A message held in a work transaction counts as in flight, whatever its lease.
 #[async_trait]
 impl QueueDepth for MemoryQueue {
     async fn depth(&self, name: &QueueName) -> Result<Depth, QueueError> {
@@ -526,7 +646,9 @@ impl QueueDepth for MemoryQueue {
         };
         let (mut ready, mut delayed, mut in_flight) = (0, 0, 0);
         for message in queue.messages.values() {
-            if message.visible_at <= now {
+            if message.held {
+                in_flight += 1;
+            } else if message.visible_at <= now {
                 ready += 1;
             } else if message.leased {
                 in_flight += 1;

@@ -8,25 +8,30 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use jobs_core::{
-    BulkRun, BulkRunId, BulkRuns, Claim, ConsumerName, DeadLetter, DeadLetterEvent,
-    DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, JobId, NewDeadLetter,
-    ProcessedJobs, QueueName, Recorded, Resolution, StoreError, TenantId, Transition, WorkStore,
-    WorkTransaction,
+    BulkRun, BulkRunId, BulkRuns, ConsumerName, DeadLetter, DeadLetterEvent, DeadLetterFilter,
+    DeadLetterId, DeadLetterStatus, DeadLetterStore, JobId, NewDeadLetter, ProcessedJobs,
+    QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
 };
 use tokio::sync::Notify;
 
-type ClaimKey = (JobId, ConsumerName);
+/// A row of `processed_jobs`: a job and the consumer that settled it.
+pub(crate) type ClaimKey = (JobId, ConsumerName);
 
 /// An in-process store; clones share the same data.
 ///
-/// Work transactions behave like the SQL ones: a claim is invisible to others until commit,
-/// and a second transaction claiming the same job waits for the first to commit (then sees
-/// [`Claim::AlreadyProcessed`]) or roll back (then claims it). Handlers record their effects
-/// with [`MemoryWorkTx::record_effect`]; they become visible in [`MemoryStore::effects`] only on
-/// commit, which is how tests prove exactly-once effects.
+/// Its work transactions ([`WorkStore::begin`](jobs_core::WorkStore::begin)) behave like the
+/// SQL ones: a claim is invisible to others until commit, and a second transaction claiming
+/// the same job waits for the first to commit (then sees
+/// [`Claim::AlreadyProcessed`](jobs_core::Claim::AlreadyProcessed)) or roll back (then claims
+/// it). Handlers record their effects in the transaction (`MemoryWorkTx::record_effect`); they
+/// become visible in [`MemoryStore::effects`] only on commit, which is how tests prove
+/// exactly-once effects. The transactions hold several jobs with checkpoints as well
+/// ([`GroupTransaction`](jobs_core::GroupTransaction)), so a grouped worker runs in memory.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
     shared: Arc<Shared>,
+    /// The most checkpoints one work transaction takes; `None` for no limit.
+    checkpoint_budget: Option<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -37,12 +42,16 @@ struct Shared {
     open: AtomicUsize,
 }
 
+/// The tables, under the store's lock.
 #[derive(Debug, Default)]
-struct State {
-    processed: HashMap<ClaimKey, SystemTime>,
-    /// Claims made by open transactions.
-    pending: HashSet<ClaimKey>,
-    effects: Vec<String>,
+pub(crate) struct State {
+    /// Committed claims and when they were made.
+    pub(crate) processed: HashMap<ClaimKey, SystemTime>,
+    /// Claims reserved by open transactions, released when they end (or when an undo takes
+    /// the claim back).
+    pub(crate) pending: HashSet<ClaimKey>,
+    /// Committed effects, in commit order.
+    pub(crate) effects: Vec<String>,
     dead_letters: BTreeMap<DeadLetterId, DeadLetter>,
     /// Each letter's status changes, oldest first, written under the same lock as the change.
     history: HashMap<DeadLetterId, Vec<DeadLetterEvent>>,
@@ -53,7 +62,7 @@ struct State {
 
 impl State {
     /// Whether a dead letter of `job_id` by `consumer` waits for review.
-    fn dead_lettered(&self, job_id: JobId, consumer: &ConsumerName) -> bool {
+    pub(crate) fn dead_lettered(&self, job_id: JobId, consumer: &ConsumerName) -> bool {
         self.dead_letters.values().any(|d| {
             d.status == DeadLetterStatus::PendingReview
                 && d.letter.job_id == Some(job_id)
@@ -63,17 +72,24 @@ impl State {
 
     fn record(&mut self, letter: NewDeadLetter) -> Recorded {
         if let Some(key) = &letter.dedup_key {
-            if let Some(id) = pending_with(self, &letter.queue, key) {
+            if let Some(id) = self.pending_with(&letter.queue, key) {
                 return Recorded::Existing(id);
             }
         }
-        self.next_dead_letter += 1;
-        let id = DeadLetterId(self.next_dead_letter);
+        let id = self.next_dead_letter_id();
         self.insert(id, letter);
         Recorded::New(id)
     }
 
-    fn insert(&mut self, id: DeadLetterId, letter: NewDeadLetter) {
+    /// The id of the next dead letter, taken for good: like an identity column's, an id a
+    /// rolled-back transaction took is never given again.
+    pub(crate) fn next_dead_letter_id(&mut self) -> DeadLetterId {
+        self.next_dead_letter += 1;
+        DeadLetterId(self.next_dead_letter)
+    }
+
+    /// Adds a pending dead letter under `id`.
+    pub(crate) fn insert(&mut self, id: DeadLetterId, letter: NewDeadLetter) {
         let updated_at = letter.at;
         self.dead_letters.insert(
             id,
@@ -84,6 +100,18 @@ impl State {
                 updated_at,
             },
         );
+    }
+
+    /// The pending dead letter of `queue` with `key` for dedup key, if any.
+    pub(crate) fn pending_with(&self, queue: &QueueName, key: &str) -> Option<DeadLetterId> {
+        self.dead_letters
+            .values()
+            .find(|d| {
+                d.status == DeadLetterStatus::PendingReview
+                    && d.letter.queue == *queue
+                    && d.letter.dedup_key.as_deref() == Some(key)
+            })
+            .map(|d| d.id)
     }
 }
 
@@ -98,157 +126,71 @@ impl MemoryStore {
         self.shared.open.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    /// The same store, whose work transactions take at most `budget` checkpoints each: their
+    /// [`checkpoint_budget`](jobs_core::GroupTransaction::checkpoint_budget) answers it, and a
+    /// checkpoint past it fails. Unbounded by default.
+    ///
+    /// A memory checkpoint costs nothing, but PostgreSQL's costs past 31 in one transaction (a
+    /// grouped worker gives back the jobs it cannot run within them): a test sets 31 to rehearse
+    /// that budget, or a few to reach it with a few jobs, without a database. Failing past the
+    /// budget, where PostgreSQL would only slow down, makes a runtime that overruns it fail the
+    /// test. Clones made from it share its data and keep the budget.
+    ///
+    /// ```
+    /// use jobs_adapter_memory::MemoryStore;
+    /// use jobs_core::{GroupTransaction, WorkStore};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+    /// let store = MemoryStore::default().with_checkpoint_budget(1);
+    /// let mut tx = store.begin().await?;
+    /// assert_eq!(tx.checkpoint_budget(), 1);
+    /// tx.checkpoint().await?;
+    /// assert!(tx.checkpoint().await.is_err(), "a second checkpoint is past the budget");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_checkpoint_budget(mut self, budget: usize) -> Self {
+        self.checkpoint_budget = Some(budget);
+        self
+    }
+
+    /// The checkpoint budget of this store's work transactions.
+    pub(crate) fn checkpoint_budget(&self) -> usize {
+        self.checkpoint_budget.unwrap_or(usize::MAX)
+    }
+
+    /// The tables. Lock order: the store's lock before a queue's, never the other way.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // Every mutation leaves the state consistent before it could panic.
         self.shared
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
-}
 
-/// A work transaction of the [`MemoryStore`]. Dropping it without commit rolls it back.
-#[derive(Debug)]
-pub struct MemoryWorkTx {
-    store: MemoryStore,
-    claims: Vec<(ClaimKey, SystemTime)>,
-    effects: Vec<String>,
-    dead_letters: Vec<(DeadLetterId, NewDeadLetter)>,
-    /// Processed rows this transaction deletes when it commits.
-    purged: Vec<ClaimKey>,
-    open: bool,
-}
-
-impl MemoryWorkTx {
-    /// Records a business effect, made visible by commit and discarded by rollback.
-    pub fn record_effect(&mut self, effect: impl Into<String>) {
-        self.effects.push(effect.into());
+    /// Resolves once claims are released after this call: what a claim that found another
+    /// transaction's waits for. Taken before the check it follows, so that a release in
+    /// between is not missed.
+    pub(crate) fn claim_released(&self) -> tokio::sync::futures::Notified<'_> {
+        self.shared.released.notified()
     }
 
-    fn release(&mut self, commit: bool) {
-        if !self.open {
-            return;
-        }
-        self.open = false;
-        let mut state = self.store.lock();
-        for (key, at) in self.claims.drain(..) {
-            state.pending.remove(&key);
-            if commit {
-                state.processed.insert(key, at);
-            }
-        }
-        if commit {
-            state.effects.append(&mut self.effects);
-            for (id, letter) in self.dead_letters.drain(..) {
-                state.insert(id, letter);
-            }
-            for key in self.purged.drain(..) {
-                state.processed.remove(&key);
-            }
-        }
-        drop(state);
-        self.store.shared.open.fetch_sub(1, Ordering::SeqCst);
-        self.store.shared.released.notify_waiters();
-    }
-}
-
-impl Drop for MemoryWorkTx {
-    fn drop(&mut self) {
-        self.release(false);
-    }
-}
-
-#[async_trait]
-impl WorkTransaction for MemoryWorkTx {
-    async fn claim(
-        &mut self,
-        job_id: JobId,
-        consumer: &ConsumerName,
-        at: SystemTime,
-    ) -> Result<Claim, StoreError> {
-        let key = (job_id, consumer.clone());
-        if self.claims.iter().any(|(k, _)| *k == key) {
-            return Ok(Claim::AlreadyProcessed);
-        }
-        loop {
-            let released = self.store.shared.released.notified();
-            {
-                let mut state = self.store.lock();
-                if state.processed.contains_key(&key) {
-                    return Ok(if state.dead_lettered(job_id, consumer) {
-                        Claim::DeadLettered
-                    } else {
-                        Claim::AlreadyProcessed
-                    });
-                }
-                if state.pending.insert(key.clone()) {
-                    self.claims.push((key, at));
-                    return Ok(Claim::Claimed);
-                }
-            }
-            // Another open transaction holds the claim: wait for it to commit or roll back.
-            released.await;
-        }
+    /// Wakes every claim waiting for another transaction's: a transaction ended, or an undo
+    /// released claims.
+    pub(crate) fn released(&self) {
+        self.shared.released.notify_waiters();
     }
 
-    async fn record_dead_letter(&mut self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
-        let mut state = self.store.lock();
-        if let Some(key) = &letter.dedup_key {
-            if let Some(id) = pending_with(&state, &letter.queue, key) {
-                return Ok(Recorded::Existing(id));
-            }
-        }
-        // Like an identity column: the id is taken now, and lost if the transaction rolls back.
-        state.next_dead_letter += 1;
-        let id = DeadLetterId(state.next_dead_letter);
-        self.dead_letters.push((id, letter));
-        Ok(Recorded::New(id))
-    }
-
-    async fn purge_processed(
-        &mut self,
-        older_than: SystemTime,
-        batch: u32,
-    ) -> Result<u64, StoreError> {
-        let state = self.store.lock();
-        let doomed: Vec<ClaimKey> = state
-            .processed
-            .iter()
-            .filter(|(key, at)| **at < older_than && !self.purged.contains(key))
-            .map(|(key, _)| key.clone())
-            .take(usize::try_from(batch).unwrap_or(usize::MAX))
-            .collect();
-        drop(state);
-        let n = doomed.len() as u64;
-        self.purged.extend(doomed);
-        Ok(n)
-    }
-
-    async fn commit(mut self) -> Result<(), StoreError> {
-        self.release(true);
-        Ok(())
-    }
-
-    async fn rollback(mut self) -> Result<(), StoreError> {
-        self.release(false);
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl WorkStore for MemoryStore {
-    type Tx = MemoryWorkTx;
-
-    async fn begin(&self) -> Result<MemoryWorkTx, StoreError> {
+    /// Counts a work transaction begun.
+    pub(crate) fn opened(&self) {
         self.shared.open.fetch_add(1, Ordering::SeqCst);
-        Ok(MemoryWorkTx {
-            store: self.clone(),
-            claims: vec![],
-            effects: vec![],
-            dead_letters: vec![],
-            purged: vec![],
-            open: true,
-        })
+    }
+
+    /// Counts a work transaction ended, and wakes the claims waiting for it.
+    pub(crate) fn closed(&self) {
+        self.shared.open.fetch_sub(1, Ordering::SeqCst);
+        self.released();
     }
 }
 
@@ -304,18 +246,6 @@ fn matches(letter: &DeadLetter, filter: &DeadLetterFilter) -> bool {
         && filter.before.is_none_or(|before| letter.id < before)
 }
 
-fn pending_with(state: &State, queue: &QueueName, key: &str) -> Option<DeadLetterId> {
-    state
-        .dead_letters
-        .values()
-        .find(|d| {
-            d.status == DeadLetterStatus::PendingReview
-                && d.letter.queue == *queue
-                && d.letter.dedup_key.as_deref() == Some(key)
-        })
-        .map(|d| d.id)
-}
-
 #[async_trait]
 impl DeadLetterStore for MemoryStore {
     async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
@@ -343,7 +273,7 @@ impl DeadLetterStore for MemoryStore {
         queue: &QueueName,
         dedup_key: &str,
     ) -> Result<Option<DeadLetterId>, StoreError> {
-        Ok(pending_with(&self.lock(), queue, dedup_key))
+        Ok(self.lock().pending_with(queue, dedup_key))
     }
 
     async fn transition(
