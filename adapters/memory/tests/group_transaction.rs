@@ -171,12 +171,15 @@ async fn a_released_claim_is_taken_again_by_its_own_transaction() {
         .await
         .expect("claim");
     tx.unclaim(job, &consumer()).await.expect("unclaim");
-    assert_eq!(
-        tx.claim(job, &consumer(), clock.now())
-            .await
-            .expect("claim"),
-        Claim::Claimed
-    );
+    {
+        let consumer = consumer();
+        let mut claim = pin!(tx.claim(job, &consumer, clock.now()));
+        assert_eq!(
+            poll_once(claim.as_mut()).map(|claim| claim.expect("claim")),
+            Poll::Ready(Claim::Claimed),
+            "its own released claim does not wait for itself"
+        );
+    }
     tx.commit().await.expect("commit");
     assert!(processed(&store, job).await);
 }
@@ -261,14 +264,15 @@ async fn claim_all_waits_in_job_id_order() {
         "waits for the first's claim"
     );
     let mut third = store.begin().await.expect("begin");
-    assert_eq!(
-        third
-            .claim(high, &consumer, clock.now())
-            .await
-            .expect("claim"),
-        Claim::Claimed,
-        "the waiting group took the lower id first, and nothing after it yet"
-    );
+    {
+        // Polled, not awaited: a group that took the higher id first would keep it waiting.
+        let mut claim = pin!(third.claim(high, &consumer, clock.now()));
+        assert_eq!(
+            poll_once(claim.as_mut()).map(|claim| claim.expect("claim")),
+            Poll::Ready(Claim::Claimed),
+            "the waiting group took the lower id first, and nothing after it yet"
+        );
+    }
     third.rollback().await.expect("rollback");
     first.rollback().await.expect("rollback");
     assert_eq!(

@@ -226,6 +226,8 @@ async fn a_held_message_is_out_of_reach_even_past_its_lease() {
     let s = setup();
     let got = s.leased(1).await;
     let lease = &got[0].lease;
+    // The publish left a wake-up for the next waiter: spend it.
+    s.queue.wait_for_work(&s.name).await;
     let mut tx = s.store.begin().await.expect("begin");
     assert_eq!(s.hold(&mut tx, &[&got[0]]).await, [true]);
     s.clock.advance(LEASE * 3);
@@ -252,7 +254,13 @@ async fn a_held_message_is_out_of_reach_even_past_its_lease() {
         "extend refused"
     );
 
+    let mut wait = pin!(s.queue.wait_for_work(&s.name));
+    assert!(poll_once(wait.as_mut()).is_pending(), "nothing is ready");
     tx.rollback().await.expect("rollback");
+    assert!(
+        poll_once(wait.as_mut()).is_ready(),
+        "given back with its lease run out, it is ready: waiters wake"
+    );
     let again = s.receive().await;
     assert_eq!(again.len(), 1, "back at once: its lease ran out meanwhile");
     assert!(again[0].expired);
