@@ -9,6 +9,7 @@ mod config;
 mod console;
 mod crash;
 mod grouped;
+mod help;
 mod model;
 mod pg;
 mod postgres;
