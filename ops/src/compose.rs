@@ -25,11 +25,9 @@
 //! [`QUEUE_SCHEMES`]). A grouped PostgreSQL worker takes its store and queue from
 //! [`postgres_worker`] instead: one pool for both, sized for the worker.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 #[cfg(feature = "betterstack")]
 use jobs_adapter_betterstack::{BetterStackAlerter, BetterStackConfig, BetterStackError};
@@ -54,422 +52,8 @@ use jobs_core::{
 };
 use thiserror::Error;
 
-/// One configuration key: its flag, environment variable, `jobs.toml` name and default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Key {
-    /// Its name in `jobs.toml`; dotted for a table (`betterstack.token` is `token` under
-    /// `[betterstack]`).
-    pub name: &'static str,
-    /// The command-line flag, for the keys that have one.
-    pub flag: Option<&'static str>,
-    /// The environment variable.
-    pub env: &'static str,
-    /// The value when nothing sets it.
-    pub default: Option<&'static str>,
-    /// Whether printing the configuration hides the value (tokens, URLs with passwords).
-    pub secret: bool,
-    /// What it configures.
-    pub about: &'static str,
-}
-
-impl Key {
-    /// `value` as it may be printed. A secret URL keeps everything but its password (in the
-    /// user part, or a `password=` parameter): `postgres://app:…@db:5432/jobs`. Any other
-    /// secret (a token) is `…`.
-    pub fn shown(&self, value: &str) -> String {
-        if !self.secret {
-            return value.to_owned();
-        }
-        match value.split_once("://") {
-            Some((scheme, rest)) => format!("{scheme}://{}", without_password(rest)),
-            None if value.ends_with(':') => value.to_owned(),
-            None => "…".to_owned(),
-        }
-    }
-
-    /// Every way to set the key, for error messages: `--queue-url (JOBS_QUEUE_URL, queue_url)`.
-    pub fn describe(&self) -> String {
-        match self.flag {
-            Some(flag) => format!("{flag} ({}, {} in jobs.toml)", self.env, self.name),
-            None => format!("{} ({} in jobs.toml)", self.env, self.name),
-        }
-    }
-}
-
-/// What follows `scheme://` in a URL with its password replaced by `…`: the one in
-/// `user:password@`, and the value of any `password=` query parameter.
-fn without_password(rest: &str) -> String {
-    let (authority, tail) = rest
-        .find(['/', '?', '#'])
-        .map_or((rest, ""), |at| rest.split_at(at));
-    let authority = match authority.rsplit_once('@') {
-        Some((user, host)) => match user.split_once(':') {
-            Some((name, _)) => format!("{name}:…@{host}"),
-            None => authority.to_owned(),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if name.eq_ignore_ascii_case("password") => {
-                        format!("{name}=…")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    format!("{authority}{tail}")
-}
-
-/// The store's URL.
-pub const DATABASE_URL: Key = Key {
-    name: "database_url",
-    flag: Some("--database-url"),
-    env: "DATABASE_URL",
-    default: Some("sqlite://.jobs/jobs.db"),
-    secret: true,
-    about: "the store: sqlite://PATH or postgres://USER@HOST:PORT/DB",
-};
-
-/// The queue transport's URL.
-pub const QUEUE_URL: Key = Key {
-    name: "queue_url",
-    flag: Some("--queue-url"),
-    env: "JOBS_QUEUE_URL",
-    default: Some("memory:"),
-    secret: true,
-    about: "the queue transport: memory:, postgres-queue://…, vercel-queues://REGION or qstash://[REGION]",
-};
-
-/// The rate limiter's URL.
-pub const RATE_LIMIT_URL: Key = Key {
-    name: "rate_limit_url",
-    flag: Some("--rate-limit-url"),
-    env: "JOBS_RATE_LIMIT_URL",
-    default: Some("memory:"),
-    secret: true,
-    about: "the rate limiter: memory: or redis://HOST:PORT",
-};
-
-/// The prefix of the rate limiter's Redis keys.
-pub const RATE_LIMIT_PREFIX: Key = Key {
-    name: "rate_limit_prefix",
-    flag: None,
-    env: "JOBS_RATE_LIMIT_PREFIX",
-    default: Some("jobs:rate"),
-    secret: false,
-    about: "the prefix of the rate limiter's Redis keys",
-};
-
-/// Which alerter raises alerts.
-pub const ALERTER: Key = Key {
-    name: "alerter",
-    flag: Some("--alerter"),
-    env: "JOBS_ALERTER",
-    default: Some("console"),
-    secret: false,
-    about: "where alerts go: console or betterstack",
-};
-
-/// The BetterStack Uptime API token.
-pub const BETTERSTACK_TOKEN: Key = Key {
-    name: "betterstack.token",
-    flag: None,
-    env: "BETTERSTACK_TOKEN",
-    default: None,
-    secret: true,
-    about: "BetterStack Uptime API token (alerter = betterstack)",
-};
-
-/// The BetterStack user incidents are raised on behalf of.
-pub const BETTERSTACK_REQUESTER_EMAIL: Key = Key {
-    name: "betterstack.requester_email",
-    flag: None,
-    env: "BETTERSTACK_REQUESTER_EMAIL",
-    default: None,
-    secret: false,
-    about: "the BetterStack user incidents are raised for (alerter = betterstack)",
-};
-
-/// BetterStack's base URL.
-pub const BETTERSTACK_BASE_URL: Key = Key {
-    name: "betterstack.base_url",
-    flag: None,
-    env: "BETTERSTACK_BASE_URL",
-    // jobs_adapter_betterstack::DEFAULT_BASE_URL, which a build without the adapter lacks.
-    default: Some("https://uptime.betterstack.com"),
-    secret: false,
-    about: "BetterStack's API base URL (a local fake in tests)",
-};
-
-/// Where transports without a depth API keep an approximate one.
-pub const DEPTH_URL: Key = Key {
-    name: "depth_url",
-    flag: None,
-    env: "JOBS_DEPTH_URL",
-    default: None,
-    secret: true,
-    about: "redis://… counting depth for transports that report none (vercel-queues)",
-};
-
-/// The OIDC token Vercel Queues accepts.
-pub const VERCEL_QUEUES_TOKEN: Key = Key {
-    name: "vercel_queues.token",
-    flag: None,
-    env: "VERCEL_OIDC_TOKEN",
-    default: None,
-    secret: true,
-    about: "the OIDC token for Vercel Queues (queue_url = vercel-queues://REGION)",
-};
-
-/// Where Vercel Queues is reached instead of the region's endpoint.
-pub const VERCEL_QUEUES_BASE_URL: Key = Key {
-    name: "vercel_queues.base_url",
-    flag: None,
-    env: "VERCEL_QUEUES_BASE_URL",
-    default: None,
-    secret: false,
-    about: "Vercel Queues' base URL instead of the region's (an emulator in tests)",
-};
-
-/// The Vercel Queues consumer group workers receive as.
-pub const VERCEL_QUEUES_CONSUMER_GROUP: Key = Key {
-    name: "vercel_queues.consumer_group",
-    flag: None,
-    env: "VERCEL_QUEUES_CONSUMER_GROUP",
-    // jobs_adapter_vercel_queues::DEFAULT_CONSUMER_GROUP, which a build without it lacks.
-    default: Some("workers"),
-    secret: false,
-    about: "the Vercel Queues consumer group workers receive as",
-};
-
-/// The deployment Vercel Queues messages are isolated to.
-pub const VERCEL_DEPLOYMENT_ID: Key = Key {
-    name: "vercel_queues.deployment_id",
-    flag: None,
-    env: "VERCEL_DEPLOYMENT_ID",
-    default: None,
-    secret: false,
-    about: "isolates Vercel Queues messages per deployment (shared when unset)",
-};
-
-/// The QStash API token.
-pub const QSTASH_TOKEN: Key = Key {
-    name: "qstash.token",
-    flag: None,
-    env: "QSTASH_TOKEN",
-    default: None,
-    secret: true,
-    about: "the QStash API token (queue_url = qstash:)",
-};
-
-/// Where QStash is reached instead of the URL's region.
-pub const QSTASH_BASE_URL: Key = Key {
-    name: "qstash.base_url",
-    flag: None,
-    env: "QSTASH_URL",
-    default: None,
-    secret: false,
-    about: "QStash's base URL instead of the region's (a local QStash in tests)",
-};
-
-/// The endpoint QStash delivers each queue to.
-pub const QSTASH_DESTINATION: Key = Key {
-    name: "qstash.destination",
-    flag: None,
-    env: "QSTASH_DESTINATION",
-    default: None,
-    secret: false,
-    about: "the endpoint QStash delivers to, {queue} replaced by the queue name",
-};
-
-/// The key QStash signs deliveries with now.
-pub const QSTASH_CURRENT_SIGNING_KEY: Key = Key {
-    name: "qstash.current_signing_key",
-    flag: None,
-    env: "QSTASH_CURRENT_SIGNING_KEY",
-    default: None,
-    secret: true,
-    about: "the key QStash signs deliveries with (jobsctl qstash verify)",
-};
-
-/// The key QStash will sign deliveries with after a rotation.
-pub const QSTASH_NEXT_SIGNING_KEY: Key = Key {
-    name: "qstash.next_signing_key",
-    flag: None,
-    env: "QSTASH_NEXT_SIGNING_KEY",
-    default: None,
-    secret: true,
-    about: "the key QStash signs with after a rotation (jobsctl qstash verify)",
-};
-
-/// The queues `jobsctl queues` reports on.
-pub const QUEUES: Key = Key {
-    name: "queues",
-    flag: None,
-    env: "JOBS_QUEUES",
-    default: None,
-    secret: false,
-    about: "queues to report on, comma-separated (an array in jobs.toml)",
-};
-
-/// Where a worker process serves `/healthz`, `/readyz` and `/metrics`.
-pub const HTTP_ADDR: Key = Key {
-    name: "http_addr",
-    flag: Some("--http-addr"),
-    env: "JOBS_HTTP_ADDR",
-    default: Some("127.0.0.1:9464"),
-    secret: false,
-    about: "where a worker process serves /healthz, /readyz and /metrics (0.0.0.0:9464 in a container)",
-};
-
-/// How a worker process writes its logs.
-pub const LOG_FORMAT: Key = Key {
-    name: "log_format",
-    flag: Some("--log-format"),
-    env: "JOBS_LOG_FORMAT",
-    default: Some("human"),
-    secret: false,
-    about: "log lines of a worker process: human or json (the filter is RUST_LOG, default info)",
-};
-
-/// How many jobs (or groups) each queue's worker runs at once in a worker process.
-pub const CONCURRENCY: Key = Key {
-    name: "concurrency",
-    flag: Some("--concurrency"),
-    env: "JOBS_CONCURRENCY",
-    default: Some("8"),
-    secret: false,
-    about: "jobs (groups, on the PostgreSQL queue) each queue's worker runs at once; sizes the pool",
-};
-
-/// How long a worker process lets in-flight jobs finish after a stop signal.
-pub const SHUTDOWN_GRACE: Key = Key {
-    name: "shutdown_grace",
-    flag: Some("--shutdown-grace"),
-    env: "JOBS_SHUTDOWN_GRACE",
-    default: Some("30s"),
-    secret: false,
-    about: "how long in-flight jobs may finish after SIGTERM (e.g. 30s, 2m, 500ms)",
-};
-
-/// How long connecting to the store may take before it fails with its cause.
-pub const CONNECT_TIMEOUT: Key = Key {
-    name: "connect_timeout",
-    flag: None,
-    env: "JOBS_CONNECT_TIMEOUT",
-    default: Some("5s"),
-    secret: false,
-    about: "how long the first connection to PostgreSQL may take (e.g. 5s, 500ms)",
-};
-
-/// Whether a worker process runs the cron scheduler.
-pub const CRON: Key = Key {
-    name: "cron",
-    flag: None,
-    env: "JOBS_CRON",
-    default: Some("off"),
-    secret: false,
-    about: "on: a worker process also ticks the cron scheduler (tenants from core.tenants)",
-};
-
-/// Whether a worker process runs the outbox relay.
-pub const OUTBOX_RELAY: Key = Key {
-    name: "outbox_relay",
-    flag: None,
-    env: "JOBS_OUTBOX_RELAY",
-    default: Some("off"),
-    secret: false,
-    about: "on: a worker process also forwards core.outbox to its queue (PostgreSQL)",
-};
-
-/// Which queues of a worker process are fetched fairly across tenants, and their per-tenant
-/// limits.
-pub const FAIR: Key = Key {
-    name: "fair",
-    flag: None,
-    env: "JOBS_FAIR",
-    default: None,
-    secret: false,
-    about: "queues fetched fairly across tenants, comma-separated, each QUEUE or QUEUE=LIMIT \
-            (at most LIMIT jobs of one tenant in flight)",
-};
-
-/// The operations console's sign-in tokens.
-pub const CONSOLE_TOKENS: Key = Key {
-    name: "console_tokens",
-    flag: None,
-    env: "JOBS_CONSOLE_TOKENS",
-    default: None,
-    secret: true,
-    about: "the console's sign-in tokens, comma-separated, each [NAME=]SECRET[@TENANT_ID]: \
-            every tenant, or with @ that tenant only; NAME is who the dead letters' history \
-            records; secrets of 16 characters or more",
-};
-
-/// How fast the console's bulk replays publish.
-pub const CONSOLE_REPLAY_RATE: Key = Key {
-    name: "console_replay_rate",
-    flag: None,
-    env: "JOBS_CONSOLE_REPLAY_RATE",
-    default: Some("20"),
-    secret: false,
-    about: "replays a second the console's bulk runs publish, so a thousand replays do not \
-            land on the queue at once",
-};
-
-/// [`CONSOLE_REPLAY_RATE`]: a whole number of replays a second, at least 1.
-pub fn console_replay_rate(config: &Config) -> Result<u32, ComposeError> {
-    let value = config.require(&CONSOLE_REPLAY_RATE)?;
-    match value.parse::<u32>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(ComposeError::Invalid {
-            key: CONSOLE_REPLAY_RATE.describe(),
-            message: format!("`{value}` is not a whole number of replays a second above zero"),
-        }),
-    }
-}
-
-/// Every configuration key, in the order `jobsctl config` prints them.
-pub const KEYS: &[Key] = &[
-    DATABASE_URL,
-    QUEUE_URL,
-    RATE_LIMIT_URL,
-    RATE_LIMIT_PREFIX,
-    ALERTER,
-    BETTERSTACK_TOKEN,
-    BETTERSTACK_REQUESTER_EMAIL,
-    BETTERSTACK_BASE_URL,
-    DEPTH_URL,
-    VERCEL_QUEUES_TOKEN,
-    VERCEL_QUEUES_BASE_URL,
-    VERCEL_QUEUES_CONSUMER_GROUP,
-    VERCEL_DEPLOYMENT_ID,
-    QSTASH_TOKEN,
-    QSTASH_BASE_URL,
-    QSTASH_DESTINATION,
-    QSTASH_CURRENT_SIGNING_KEY,
-    QSTASH_NEXT_SIGNING_KEY,
-    QUEUES,
-    HTTP_ADDR,
-    LOG_FORMAT,
-    CONCURRENCY,
-    SHUTDOWN_GRACE,
-    CONNECT_TIMEOUT,
-    CRON,
-    OUTBOX_RELAY,
-    FAIR,
-    CONSOLE_TOKENS,
-    CONSOLE_REPLAY_RATE,
-    VERCEL_QUEUES_PUSH,
-    VERCEL_QUEUES_TRUST_PUSHED,
-];
+#[doc(no_inline)]
+pub use crate::config::*;
 
 /// The queue URL schemes this build composes (the adapters' cargo features choose them).
 pub const QUEUE_SCHEMES: &[&str] = &[
@@ -504,240 +88,6 @@ pub const ALERTERS: &[&str] = &[
     #[cfg(feature = "betterstack")]
     "betterstack",
 ];
-
-/// The environment variable naming the configuration file.
-pub const CONFIG_ENV: &str = "JOBS_CONFIG";
-/// The configuration file read when present and none is named.
-pub const DEFAULT_CONFIG_FILE: &str = "jobs.toml";
-
-/// Where a setting's value came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    /// A command-line flag.
-    Flag,
-    /// An environment variable.
-    Env,
-    /// The configuration file.
-    File(PathBuf),
-    /// The key's default.
-    Default,
-}
-
-impl fmt::Display for Source {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Source::Flag => f.write_str("flag"),
-            Source::Env => f.write_str("env"),
-            Source::File(path) => write!(f, "file {}", path.display()),
-            Source::Default => f.write_str("default"),
-        }
-    }
-}
-
-/// A resolved value and where it came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Setting {
-    /// The value.
-    pub value: String,
-    /// Its source.
-    pub source: Source,
-}
-
-/// Which configuration file to read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConfigFile {
-    /// This file, which must exist.
-    Required(PathBuf),
-    /// This file when it exists (the default `./jobs.toml`).
-    IfPresent(PathBuf),
-    /// No file.
-    None,
-}
-
-impl ConfigFile {
-    /// The file named by `flag`, else by `JOBS_CONFIG` in `env`, else `./jobs.toml` if present.
-    pub fn choose(flag: Option<PathBuf>, env: &dyn Fn(&str) -> Option<String>) -> ConfigFile {
-        match flag.or_else(|| env(CONFIG_ENV).map(PathBuf::from)) {
-            Some(path) => ConfigFile::Required(path),
-            None => ConfigFile::IfPresent(PathBuf::from(DEFAULT_CONFIG_FILE)),
-        }
-    }
-}
-
-/// The configuration, every key resolved by precedence. Its `Debug` hides secrets as
-/// `jobsctl config` does ([`Key::shown`]).
-#[derive(Clone)]
-pub struct Config {
-    settings: BTreeMap<&'static str, Setting>,
-    file: Option<PathBuf>,
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut settings = f.debug_map();
-        for key in KEYS {
-            if let Some(setting) = self.setting(key) {
-                settings.entry(
-                    &key.name,
-                    &format_args!("{} ({})", key.shown(&setting.value), setting.source),
-                );
-            }
-        }
-        settings.finish()?;
-        if let Some(file) = &self.file {
-            write!(f, " from {}", file.display())?;
-        }
-        Ok(())
-    }
-}
-
-impl Config {
-    /// Resolves every key of [`KEYS`]: `flags` (flag name → value given) first, then `env`,
-    /// then `file`, then the default. An empty environment variable counts as unset. A file with
-    /// a key this build does not know is an error, so a typo does not silently fall back.
-    pub fn resolve(
-        flags: &BTreeMap<&'static str, String>,
-        env: &dyn Fn(&str) -> Option<String>,
-        file: &ConfigFile,
-    ) -> Result<Config, ComposeError> {
-        let (path, from_file) = match file {
-            ConfigFile::Required(path) => (Some(path.clone()), read_file(path)?),
-            ConfigFile::IfPresent(path) if path.exists() => (Some(path.clone()), read_file(path)?),
-            _ => (None, BTreeMap::new()),
-        };
-        let mut settings = BTreeMap::new();
-        for key in KEYS {
-            let flag = key.flag.and_then(|f| flags.get(f)).cloned();
-            let setting = if let Some(value) = flag {
-                Some((value, Source::Flag))
-            } else if let Some(value) = env(key.env).filter(|v| !v.is_empty()) {
-                Some((value, Source::Env))
-            } else if let (Some(value), Some(path)) = (from_file.get(key.name), &path) {
-                Some((value.clone(), Source::File(path.clone())))
-            } else {
-                key.default.map(|d| (d.to_owned(), Source::Default))
-            };
-            if let Some((value, source)) = setting {
-                settings.insert(key.name, Setting { value, source });
-            }
-        }
-        Ok(Config {
-            settings,
-            file: path,
-        })
-    }
-
-    /// Resolves from flags and this process's environment, reading the file `JOBS_CONFIG` or
-    /// `config_flag` names (else `./jobs.toml` when present). The one place that reads the
-    /// environment.
-    pub fn from_process(
-        flags: &BTreeMap<&'static str, String>,
-        config_flag: Option<PathBuf>,
-    ) -> Result<Config, ComposeError> {
-        let env = |name: &str| std::env::var(name).ok();
-        Config::resolve(flags, &env, &ConfigFile::choose(config_flag, &env))
-    }
-
-    /// The setting of `key`, if anything sets it.
-    pub fn setting(&self, key: &Key) -> Option<&Setting> {
-        self.settings.get(key.name)
-    }
-
-    /// The value of `key`, if anything sets it.
-    pub fn get(&self, key: &Key) -> Option<&str> {
-        self.setting(key).map(|s| s.value.as_str())
-    }
-
-    /// The value of `key`, or [`ComposeError::Missing`] naming how to set it.
-    pub fn require(&self, key: &Key) -> Result<&str, ComposeError> {
-        self.get(key).ok_or(ComposeError::Missing {
-            key: key.describe(),
-        })
-    }
-
-    /// The configuration file that was read, if any.
-    pub fn file(&self) -> Option<&Path> {
-        self.file.as_deref()
-    }
-
-    pub(crate) fn unsupported(&self, key: &Key, accepted: &'static [&'static str]) -> ComposeError {
-        let value = self.get(key).unwrap_or_default();
-        ComposeError::Unsupported {
-            key: key.describe(),
-            scheme: scheme(value).to_owned(),
-            source_of: self
-                .setting(key)
-                .map_or_else(|| "nothing".to_owned(), |s| s.source.to_string()),
-            accepted: accepted.join(", "),
-        }
-    }
-}
-
-fn read_file(path: &Path) -> Result<BTreeMap<String, String>, ComposeError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ComposeError::File {
-        path: path.to_owned(),
-        message: e.to_string(),
-    })?;
-    let table: toml::Table = toml::from_str(&text).map_err(|e| ComposeError::File {
-        path: path.to_owned(),
-        message: e.to_string(),
-    })?;
-    let mut values = BTreeMap::new();
-    flatten(path, "", &table, &mut values)?;
-    Ok(values)
-}
-
-fn flatten(
-    path: &Path,
-    prefix: &str,
-    table: &toml::Table,
-    into: &mut BTreeMap<String, String>,
-) -> Result<(), ComposeError> {
-    for (name, value) in table {
-        let full = format!("{prefix}{name}");
-        let bad = |what: &str| ComposeError::File {
-            path: path.to_owned(),
-            message: format!("`{full}`: {what}"),
-        };
-        if let toml::Value::Table(inner) = value {
-            flatten(path, &format!("{full}."), inner, into)?;
-            continue;
-        }
-        if !KEYS.iter().any(|k| k.name == full) {
-            let known: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
-            return Err(bad(&format!("unknown key (known: {})", known.join(", "))));
-        }
-        let text = match value {
-            toml::Value::String(s) => s.clone(),
-            toml::Value::Integer(n) => n.to_string(),
-            toml::Value::Boolean(b) => b.to_string(),
-            toml::Value::Array(items) => items
-                .iter()
-                .map(|item| item.as_str().map(str::to_owned))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| bad("expected an array of strings"))?
-                .join(","),
-            _ => return Err(bad("expected a string")),
-        };
-        into.insert(full, text);
-    }
-    Ok(())
-}
-
-/// `500ms`, `30s`, `2m` or `1h`, at most a day.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().ok()?;
-    let ms = match unit {
-        "ms" => n,
-        "s" => n.checked_mul(1_000)?,
-        "m" => n.checked_mul(60_000)?,
-        "h" => n.checked_mul(3_600_000)?,
-        _ => return None,
-    };
-    (ms <= 86_400_000).then(|| Duration::from_millis(ms))
-}
 
 /// The scheme of a URL: what precedes the first `:` (`memory` for `memory:`).
 pub fn scheme(url: &str) -> &str {
@@ -795,6 +145,29 @@ pub enum ComposeError {
     BetterStack(BetterStackError),
 }
 
+impl From<ConfigError> for ComposeError {
+    fn from(e: ConfigError) -> Self {
+        match e {
+            ConfigError::Missing { key } => ComposeError::Missing { key },
+            ConfigError::Invalid { key, message } => ComposeError::Invalid { key, message },
+            ConfigError::File { path, message } => ComposeError::File { path, message },
+        }
+    }
+}
+
+/// [`ComposeError::Unsupported`] for the scheme of `key`'s value, listing `accepted`.
+fn unsupported(config: &Config, key: &Key, accepted: &'static [&'static str]) -> ComposeError {
+    let value = config.get(key).unwrap_or_default();
+    ComposeError::Unsupported {
+        key: key.describe(),
+        scheme: scheme(value).to_owned(),
+        source_of: config
+            .setting(key)
+            .map_or_else(|| "nothing".to_owned(), |s| s.source.to_string()),
+        accepted: accepted.join(", "),
+    }
+}
+
 impl ComposeError {
     /// Whether the operator's configuration is at fault (rather than a service being down).
     pub fn is_configuration(&self) -> bool {
@@ -849,7 +222,7 @@ impl Store {
                     .map_err(ComposeError::Store)?;
                 Ok(Store::Postgres(store))
             }
-            _ => Err(config.unsupported(&DATABASE_URL, STORE_SCHEMES)),
+            _ => Err(unsupported(config, &DATABASE_URL, STORE_SCHEMES)),
         }
     }
 
@@ -923,7 +296,11 @@ pub async fn postgres_worker(
 ) -> Result<(PgStore, PgQueue), ComposeError> {
     let url = config.require(&DATABASE_URL)?;
     if !matches!(scheme(url), "postgres" | "postgresql") {
-        return Err(config.unsupported(&DATABASE_URL, &["postgres://…", "postgresql://…"]));
+        return Err(unsupported(
+            config,
+            &DATABASE_URL,
+            &["postgres://…", "postgresql://…"],
+        ));
     }
     let store = PgStore::connect_sized(url, worker.connections())
         .await
@@ -988,7 +365,7 @@ impl Queue {
                 // Counting needs Redis, which this build does not compose.
                 #[cfg(not(feature = "redis"))]
                 if config.get(&DEPTH_URL).is_some() {
-                    return Err(config.unsupported(&DEPTH_URL, &[]));
+                    return Err(unsupported(config, &DEPTH_URL, &[]));
                 }
                 Ok(Queue {
                     scheme: scheme_of_url.to_owned(),
@@ -1009,7 +386,7 @@ impl Queue {
                     durable: true,
                 })
             }
-            _ => Err(config.unsupported(&QUEUE_URL, QUEUE_SCHEMES)),
+            _ => Err(unsupported(config, &QUEUE_URL, QUEUE_SCHEMES)),
         }
     }
 }
@@ -1075,7 +452,11 @@ fn counted(
         return Ok(None);
     };
     if !matches!(scheme(url), "redis" | "rediss") {
-        return Err(config.unsupported(&DEPTH_URL, &["redis://…", "rediss://…"]));
+        return Err(unsupported(
+            config,
+            &DEPTH_URL,
+            &["redis://…", "rediss://…"],
+        ));
     }
     let client =
         jobs_adapter_redis::redis::Client::open(url).map_err(|e| ComposeError::Invalid {
@@ -1155,27 +536,6 @@ fn qstash(config: &Config, url: &str) -> Result<QStashQueue, ComposeError> {
     QStashQueue::new(settings).map_err(|e| invalid(&QUEUE_URL, e.to_string()))
 }
 
-/// Whether a worker process takes Vercel Queues' push callbacks instead of pulling.
-pub const VERCEL_QUEUES_PUSH: Key = Key {
-    name: "vercel_queues.push",
-    flag: None,
-    env: "VERCEL_QUEUES_PUSH",
-    default: Some("off"),
-    secret: false,
-    about: "on: a worker process serves Vercel Queues' callbacks on POST /vercel/queues instead of pulling",
-};
-
-/// Whether pushed callback payloads run without their receipt handle being confirmed.
-pub const VERCEL_QUEUES_TRUST_PUSHED: Key = Key {
-    name: "vercel_queues.trust_pushed_payload",
-    flag: None,
-    env: "VERCEL_QUEUES_TRUST_PUSHED_PAYLOAD",
-    default: Some("off"),
-    secret: false,
-    about: "on: run pushed payloads unconfirmed (only on a route the platform alone can reach)",
-};
-
-/// The Vercel Queues transport [`QUEUE_URL`] names, as its own type (a worker process
 /// answers its callbacks with it).
 #[cfg(feature = "vercel-queues")]
 pub fn vercel_queues_of(config: &Config) -> Result<VercelQueues, ComposeError> {
@@ -1214,7 +574,7 @@ pub fn rate_limiter(config: &Config) -> Result<Arc<dyn RateLimiter>, ComposeErro
                 })?;
             Ok(Arc::new(limiter))
         }
-        _ => Err(config.unsupported(&RATE_LIMIT_URL, RATE_LIMIT_SCHEMES)),
+        _ => Err(unsupported(config, &RATE_LIMIT_URL, RATE_LIMIT_SCHEMES)),
     }
 }
 
@@ -1249,6 +609,8 @@ pub use jobs_consumers::ConsoleAlerter;
 
 #[cfg(all(test, feature = "jobsctl"))]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -1391,7 +753,7 @@ mod tests {
             &ConfigFile::Required("/no/such/jobs.toml".into()),
         )
         .expect_err("a named file must exist");
-        assert!(missing.is_configuration());
+        assert!(ComposeError::from(missing).is_configuration());
         let absent = Config::resolve(
             &BTreeMap::new(),
             &env_of(&[]),

@@ -7,6 +7,7 @@
 //! default) enables them all.
 
 pub mod compose;
+pub mod config;
 pub mod console;
 pub mod notify;
 pub mod process;

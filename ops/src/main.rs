@@ -87,7 +87,7 @@ impl ConfigFlags {
                 flags.insert(name, value.clone());
             }
         }
-        Config::from_process(&flags, self.config.clone())
+        Ok(Config::from_process(&flags, self.config.clone())?)
     }
 }
 

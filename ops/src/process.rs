@@ -136,6 +136,12 @@ pub enum ProcessError {
     },
 }
 
+impl From<crate::config::ConfigError> for ProcessError {
+    fn from(e: crate::config::ConfigError) -> Self {
+        ProcessError::Config(e.into())
+    }
+}
+
 /// A store a worker process can run handlers on: it opens itself and the transport its
 /// workers consume from the configuration. Implemented for `PgStore` (feature `postgres`)
 /// and `SqliteStore` (feature `sqlite`).
@@ -640,7 +646,7 @@ impl ProcessFlags {
                 flags.insert(flag, value.clone());
             }
         }
-        Config::from_process(&flags, self.config.clone())
+        Ok(Config::from_process(&flags, self.config.clone())?)
     }
 }
 
