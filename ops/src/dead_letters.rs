@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use jobs_core::{DeadLetter, DeadLetterFilter, DeadLetterId, QueueName};
+use jobs_ops::config::{DurationRange, DurationRefused};
 use serde_json::{Value, json};
 
 use jobs_ops::compose::{Queue, Store};
@@ -237,67 +238,49 @@ fn to_json(letter: &DeadLetter) -> Value {
     })
 }
 
-/// The longest duration a flag accepts, a hundred years: `now` plus or minus it is a time every
-/// clock and store can hold.
-const MAX_DURATION_SECS: u64 = 36_500 * 86_400;
+/// The longest `--delay`, `--older-than` or `--tolerance` accepts, a hundred years: now plus
+/// or minus it is a time every clock and store can hold.
+const LONGEST: Duration = Duration::from_secs(36_500 * 86_400);
 
-/// Parses `30d`, `12h`, `90m`, `45s` or a combination like `1h30m`, up to 36500d.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration> {
-    let mut total = 0u64;
-    let mut number = String::new();
-    for c in text.chars() {
-        if c.is_ascii_digit() {
-            number.push(c);
-            continue;
-        }
-        let unit = match c {
-            'd' => 86_400,
-            'h' => 3_600,
-            'm' => 60,
-            's' => 1,
-            _ => bail!("`{text}`: unknown unit `{c}` (use d, h, m or s, e.g. 30d or 1h30m)"),
-        };
-        let n: u64 = number
-            .parse()
-            .with_context(|| format!("`{text}`: a number must precede `{c}`"))?;
-        total = n
-            .checked_mul(unit)
-            .and_then(|secs| total.checked_add(secs))
-            .filter(|secs| *secs <= MAX_DURATION_SECS)
-            .with_context(|| format!("`{text}` is longer than the 36500d accepted"))?;
-        number.clear();
-    }
-    if !number.is_empty() || text.is_empty() {
-        bail!("`{text}`: every number needs a unit (d, h, m or s), e.g. 30d");
-    }
-    Ok(Duration::from_secs(total))
+/// `--delay`: how long a job waits before it is delivered.
+pub(crate) fn delay(text: &str) -> Result<Duration, DurationRefused> {
+    DurationRange::up_to(LONGEST).parse(text)
+}
+
+/// `--older-than`: the age of the `processed_jobs` rows a cleanup deletes.
+pub(crate) fn older_than(text: &str) -> Result<Duration, DurationRefused> {
+    DurationRange::up_to(LONGEST).parse(text)
+}
+
+/// `--tolerance`: the clock skew allowed on a signature's `exp` and `nbf`.
+pub(crate) fn tolerance(text: &str) -> Result<Duration, DurationRefused> {
+    DurationRange::up_to(LONGEST).parse(text)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
     use std::time::Duration;
 
     #[test]
-    fn durations_parse_with_units_and_refuse_bare_numbers() {
+    fn duration_flags_take_the_one_grammar_up_to_a_hundred_years() {
         assert_eq!(
-            parse_duration("30d").expect("ok"),
-            Duration::from_secs(30 * 86_400)
+            super::older_than("30d"),
+            Ok(Duration::from_secs(30 * 86_400))
         );
+        assert_eq!(super::delay("1h30m"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(super::tolerance("1500ms"), Ok(Duration::from_millis(1_500)));
         assert_eq!(
-            parse_duration("1h30m").expect("ok"),
-            Duration::from_secs(5_400)
-        );
-        assert_eq!(
-            parse_duration("36500d").expect("a hundred years"),
-            Duration::from_secs(36_500 * 86_400)
+            super::delay("36500d"),
+            Ok(Duration::from_secs(36_500 * 86_400))
         );
         for absurd in ["36501d", "18446744073709551615s", "99999999999999999999d"] {
-            let error = parse_duration(absurd).expect_err("refused");
+            let error = super::delay(absurd).expect_err("refused");
             assert!(error.to_string().contains(absurd), "{error}");
+            assert!(error.to_string().contains("up to 36500d"), "{error}");
         }
-        assert!(parse_duration("30").is_err());
-        assert!(parse_duration("3w").is_err());
-        assert!(parse_duration("").is_err());
+        let bare = super::older_than("30").expect_err("no unit");
+        assert!(bare.to_string().contains("add one"), "{bare}");
+        assert!(super::delay("3w").is_err());
+        assert!(super::delay("").is_err());
     }
 }

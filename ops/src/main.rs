@@ -384,8 +384,9 @@ enum CleanupCommand {
     ///   jobsctl cleanup processed --older-than 1h30m --json
     #[command(verbatim_doc_comment)]
     Processed {
-        /// Age, e.g. 30d, 12h, 1h30m.
-        #[arg(long, value_parser = dead_letters::parse_duration)]
+        /// Age: a number with a unit, several largest first (ms, s, m, h, d), e.g. 30d, 12h,
+        /// 1h30m; up to 36500d.
+        #[arg(long, value_parser = dead_letters::older_than)]
         older_than: std::time::Duration,
         /// A JSON object instead of text.
         #[arg(long)]

@@ -458,7 +458,7 @@ impl ProcessStore for PgStore {
     /// (`WorkerBuilder::grouped`), unless [`QUEUE_URL`] names another transport.
     async fn open(config: &Config, connections: u32) -> Result<Opened<PgStore>, ProcessError> {
         let url = expect_engine::<PgStore>(config)?;
-        let timeout = duration(config, &compose::CONNECT_TIMEOUT)?;
+        let timeout = compose::connect_timeout(config)?;
         let options = PgStore::pool_options(connections);
         let store = PgStore::connect_with(url, options, timeout)
             .await
@@ -719,7 +719,7 @@ where
             ));
         }
         let concurrency = positive(&config, &CONCURRENCY)?;
-        let grace = duration(&config, &SHUTDOWN_GRACE)?;
+        let grace = compose::shutdown_grace(&config)?;
         let addr = socket_addr(&config)?;
         let queues = u32::try_from(self.queues.len()).unwrap_or(u32::MAX);
         // Each worker's jobs, its fetch and its settlements; one listener for the wake-ups.
@@ -1274,17 +1274,6 @@ fn positive(config: &Config, key: &Key) -> Result<usize, ProcessError> {
     }
 }
 
-/// A duration from `key`: a whole number with `ms`, `s`, `m` or `h`.
-pub(crate) fn duration(config: &Config, key: &Key) -> Result<Duration, ProcessError> {
-    let value = config.require(key)?;
-    compose::parse_duration(value).ok_or_else(|| {
-        refused(
-            key,
-            &format!("`{value}` is not a duration such as 500ms, 30s, 2m or 1h"),
-        )
-    })
-}
-
 fn socket_addr(config: &Config) -> Result<SocketAddr, ProcessError> {
     let value = config.require(&HTTP_ADDR)?;
     value.parse().map_err(|_| {
@@ -1375,17 +1364,5 @@ mod tests {
             config.setting(&HTTP_ADDR).map(|s| s.source.clone()),
             Some(compose::Source::Flag)
         );
-    }
-
-    #[test]
-    fn durations_take_a_unit_and_stay_within_a_day() {
-        use compose::parse_duration;
-        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("24h"), Some(Duration::from_secs(86_400)));
-        for bad in ["", "30", "s", "25h", "1.5s", "-1s", "99999999999999999999s"] {
-            assert_eq!(parse_duration(bad), None, "{bad}");
-        }
     }
 }

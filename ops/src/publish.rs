@@ -34,8 +34,9 @@ pub(crate) struct PublishArgs {
     /// Deliver at this time, RFC 3339 (e.g. 2026-12-01T03:00:00Z); a past time is now.
     #[arg(long, value_parser = crate::cron::parse_time, conflicts_with = "delay")]
     at: Option<SystemTime>,
-    /// Deliver after this long, e.g. 90s, 10m, 1h30m.
-    #[arg(long, value_parser = crate::dead_letters::parse_duration)]
+    /// Deliver after this long: a number with a unit, several largest first (ms, s, m, h, d),
+    /// e.g. 90s, 10m, 1h30m; up to 36500d.
+    #[arg(long, value_parser = crate::dead_letters::delay)]
     delay: Option<Duration>,
     /// Print the job id with the transport's receipt as JSON.
     #[arg(long)]

@@ -27,8 +27,9 @@ pub(crate) struct VerifyArgs {
     /// Check as of this time, RFC 3339, e.g. when the delivery was refused [default: now].
     #[arg(long, value_parser = crate::cron::parse_time)]
     at: Option<SystemTime>,
-    /// Clock skew allowed on exp and nbf, e.g. 5s.
-    #[arg(long, value_parser = crate::dead_letters::parse_duration, default_value = "5s")]
+    /// Clock skew allowed on exp and nbf: a number with a unit, several largest first (ms, s,
+    /// m, h, d), e.g. 5s or 1500ms; up to 36500d.
+    #[arg(long, value_parser = crate::dead_letters::tolerance, default_value = "5s")]
     tolerance: Duration,
     /// A JSON object instead of text.
     #[arg(long)]

@@ -1,7 +1,9 @@
 //! The configuration keys, each with its flag, environment variable, `jobs.toml` name and
 //! default, and the typed readers of keys whose values are more than text.
 
-use super::{Config, ConfigError, Key};
+use std::time::Duration;
+
+use super::{Config, ConfigError, DurationRange, Key};
 
 /// The store's URL.
 pub const DATABASE_URL: Key = Key {
@@ -232,7 +234,7 @@ pub const SHUTDOWN_GRACE: Key = Key {
     env: "JOBS_SHUTDOWN_GRACE",
     default: Some("30s"),
     secret: false,
-    about: "how long in-flight jobs may finish after SIGTERM (e.g. 30s, 2m, 500ms)",
+    about: "how long in-flight jobs may finish after SIGTERM (e.g. 30s, 1m30s; up to 1d)",
 };
 
 /// How long connecting to the store may take before it fails with its cause.
@@ -242,7 +244,7 @@ pub const CONNECT_TIMEOUT: Key = Key {
     env: "JOBS_CONNECT_TIMEOUT",
     default: Some("5s"),
     secret: false,
-    about: "how long the first connection to PostgreSQL may take (e.g. 5s, 500ms)",
+    about: "how long the first connection to PostgreSQL may take (e.g. 5s, 500ms; up to 1d)",
 };
 
 /// Whether a worker process runs the cron scheduler.
@@ -310,6 +312,22 @@ pub fn console_replay_rate(config: &Config) -> Result<u32, ConfigError> {
             message: format!("`{value}` is not a whole number of replays a second above zero"),
         }),
     }
+}
+
+/// The durations [`SHUTDOWN_GRACE`] accepts: up to a day.
+pub const SHUTDOWN_GRACE_RANGE: DurationRange = DurationRange::up_to(Duration::from_secs(86_400));
+
+/// The durations [`CONNECT_TIMEOUT`] accepts: up to a day.
+pub const CONNECT_TIMEOUT_RANGE: DurationRange = DurationRange::up_to(Duration::from_secs(86_400));
+
+/// [`SHUTDOWN_GRACE`], within [`SHUTDOWN_GRACE_RANGE`].
+pub fn shutdown_grace(config: &Config) -> Result<Duration, ConfigError> {
+    config.duration(&SHUTDOWN_GRACE, SHUTDOWN_GRACE_RANGE)
+}
+
+/// [`CONNECT_TIMEOUT`], within [`CONNECT_TIMEOUT_RANGE`].
+pub fn connect_timeout(config: &Config) -> Result<Duration, ConfigError> {
+    config.duration(&CONNECT_TIMEOUT, CONNECT_TIMEOUT_RANGE)
 }
 
 /// Every configuration key, in the order `jobsctl config` prints them.

@@ -6,6 +6,7 @@
 //! the default. [`KEYS`] lists every key; [`Config`] is every key resolved. This module knows
 //! no adapter: [`crate::compose`] builds the ports from a [`Config`].
 
+mod duration;
 mod keys;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub use duration::{
+    DurationError, DurationRange, DurationRefused, format_duration, parse_duration,
+};
 pub use keys::*;
 
 /// One configuration key: its flag, environment variable, `jobs.toml` name and default.
@@ -240,6 +244,29 @@ impl Config {
         })
     }
 
+    /// Where `key`'s value came from, for messages: its flag, its environment variable, the
+    /// file, or `the default`.
+    pub fn origin(&self, key: &Key) -> String {
+        match self.setting(key).map(|s| &s.source) {
+            Some(Source::Flag) => key.flag.unwrap_or(key.name).to_owned(),
+            Some(Source::Env) => key.env.to_owned(),
+            Some(Source::File(path)) => path.display().to_string(),
+            Some(Source::Default) | None => "the default".to_owned(),
+        }
+    }
+
+    /// The duration `key` holds, within `range` (the key's own bounds); refused, the error
+    /// names the key, where its value came from and the bounds:
+    /// `shutdown_grace (from JOBS_SHUTDOWN_GRACE) must be a duration up to 1d: …`.
+    pub fn duration(&self, key: &Key, range: DurationRange) -> Result<Duration, ConfigError> {
+        range
+            .parse(self.require(key)?)
+            .map_err(|refused| ConfigError::BadValue {
+                setting: format!("{} (from {})", key.name, self.origin(key)),
+                message: refused.to_string(),
+            })
+    }
+
     /// The configuration file that was read, if any.
     pub fn file(&self) -> Option<&Path> {
         self.file.as_deref()
@@ -297,21 +324,6 @@ fn flatten(
     Ok(())
 }
 
-/// `500ms`, `30s`, `2m` or `1h`, at most a day.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let split = text.find(|c: char| !c.is_ascii_digit())?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().ok()?;
-    let ms = match unit {
-        "ms" => n,
-        "s" => n.checked_mul(1_000)?,
-        "m" => n.checked_mul(60_000)?,
-        "h" => n.checked_mul(3_600_000)?,
-        _ => return None,
-    };
-    (ms <= 86_400_000).then(|| Duration::from_millis(ms))
-}
-
 /// A configuration the operator must fix: a key missing, a value malformed, a file unreadable
 /// (`jobsctl` exits 2 on any).
 #[derive(Debug, Error)]
@@ -331,6 +343,15 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// A value its key refuses, named with where it came from:
+    /// `shutdown_grace (from JOBS_SHUTDOWN_GRACE) must be a duration up to 1d: …`.
+    #[error("{setting} {message}")]
+    BadValue {
+        /// The key and where its value came from.
+        setting: String,
+        /// What the key accepts, and why the value is not that.
+        message: String,
+    },
     /// The configuration file cannot be read or holds something unexpected.
     #[error("configuration file {}: {message}", path.display())]
     File {
@@ -339,4 +360,194 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_url_shows_all_but_its_password() {
+        for (url, shown) in [
+            (
+                "postgres://app:s3cret@db.internal:5432/jobs",
+                "postgres://app:…@db.internal:5432/jobs",
+            ),
+            ("postgres://app@db/jobs", "postgres://app@db/jobs"),
+            ("redis://:s3cret@cache:6379", "redis://:…@cache:6379"),
+            (
+                "postgres://db/jobs?sslmode=require&password=s3cret",
+                "postgres://db/jobs?sslmode=require&password=…",
+            ),
+            ("postgres://a:b@c@host/db", "postgres://a:…@host/db"),
+            ("sqlite://.jobs/jobs.db", "sqlite://.jobs/jobs.db"),
+            ("memory:", "memory:"),
+        ] {
+            assert_eq!(DATABASE_URL.shown(url), shown, "{url}");
+            assert!(!DATABASE_URL.shown(url).contains("s3cret"), "{url}");
+        }
+        assert_eq!(QSTASH_TOKEN.shown("eyJhbGciOi"), "…");
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn file_with(text: &str) -> tempfile_path::TempFile {
+        tempfile_path::TempFile::new(text)
+    }
+
+    mod tempfile_path {
+        /// A file in the temporary directory, removed on drop.
+        pub(super) struct TempFile(pub(super) std::path::PathBuf);
+        impl TempFile {
+            pub(super) fn new(text: &str) -> TempFile {
+                let path = std::env::temp_dir().join(format!(
+                    "jobs-compose-{}-{}.toml",
+                    std::process::id(),
+                    jobs_core::JobId::generate()
+                ));
+                std::fs::write(&path, text).expect("write the file");
+                TempFile(path)
+            }
+        }
+        impl Drop for TempFile {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn flags_beat_the_environment_which_beats_the_file_which_beats_the_default() {
+        let file = file_with(
+            "database_url = \"sqlite://from-file.db\"\nqueue_url = \"memory:file\"\n\
+             alerter = \"betterstack\"\n[betterstack]\nrequester_email = \"a@b.c\"\n",
+        );
+        let env = env_of(&[
+            ("DATABASE_URL", "sqlite://from-env.db"),
+            ("JOBS_QUEUE_URL", "memory:env"),
+            ("JOBS_ALERTER", ""),
+        ]);
+        let flags = BTreeMap::from([("--database-url", "sqlite://from-flag.db".to_owned())]);
+        let config =
+            Config::resolve(&flags, &env, &ConfigFile::Required(file.0.clone())).expect("resolves");
+        let got = |key: &Key| config.setting(key).cloned().expect("set");
+        assert_eq!(got(&DATABASE_URL).value, "sqlite://from-flag.db");
+        assert_eq!(got(&DATABASE_URL).source, Source::Flag);
+        assert_eq!(got(&QUEUE_URL).value, "memory:env");
+        assert_eq!(got(&QUEUE_URL).source, Source::Env);
+        assert_eq!(
+            got(&ALERTER).value,
+            "betterstack",
+            "an empty variable is unset"
+        );
+        assert_eq!(got(&ALERTER).source, Source::File(file.0.clone()));
+        assert_eq!(got(&BETTERSTACK_REQUESTER_EMAIL).value, "a@b.c");
+        assert_eq!(got(&RATE_LIMIT_URL).source, Source::Default);
+        assert!(config.get(&BETTERSTACK_TOKEN).is_none());
+    }
+
+    #[test]
+    fn the_consoles_replay_rate_defaults_to_twenty_and_refuses_zero_naming_the_key() {
+        let config = |value: Option<&str>| {
+            let env: Vec<(&str, &str)> = value
+                .map(|v| ("JOBS_CONSOLE_REPLAY_RATE", v))
+                .into_iter()
+                .collect();
+            Config::resolve(&BTreeMap::new(), &env_of(&env), &ConfigFile::None).expect("a config")
+        };
+        assert_eq!(console_replay_rate(&config(None)).expect("the default"), 20);
+        assert_eq!(console_replay_rate(&config(Some("5"))).expect("set"), 5);
+        for bad in ["0", "-1", "fast", "99999999999"] {
+            let e = console_replay_rate(&config(Some(bad))).expect_err(bad);
+            assert!(e.to_string().contains("JOBS_CONSOLE_REPLAY_RATE"), "{e}");
+            assert!(e.to_string().contains(&format!("`{bad}`")), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_key_in_the_file_is_an_error_naming_it() {
+        let file = file_with("[betterstack]\ntokn = \"x\"\n");
+        let err = Config::resolve(
+            &BTreeMap::new(),
+            &env_of(&[]),
+            &ConfigFile::Required(file.0.clone()),
+        )
+        .expect_err("a typo");
+        assert!(
+            err.to_string().contains("`betterstack.tokn`: unknown key"),
+            "{err}"
+        );
+        let missing = Config::resolve(
+            &BTreeMap::new(),
+            &env_of(&[]),
+            &ConfigFile::Required("/no/such/jobs.toml".into()),
+        )
+        .expect_err("a named file must exist");
+        assert!(matches!(missing, ConfigError::File { .. }), "{missing}");
+        let absent = Config::resolve(
+            &BTreeMap::new(),
+            &env_of(&[]),
+            &ConfigFile::IfPresent("/no/such/jobs.toml".into()),
+        )
+        .expect("the default file is optional");
+        assert_eq!(absent.get(&QUEUE_URL), Some("memory:"));
+    }
+
+    #[test]
+    fn durations_take_one_grammar_from_every_source_and_keep_each_keys_bounds() {
+        let from = |env: &[(&str, &str)], flags: &[(&'static str, &str)], file: &str| {
+            let file = file_with(file);
+            let flags = flags
+                .iter()
+                .map(|(flag, value)| (*flag, (*value).to_owned()))
+                .collect();
+            let config =
+                Config::resolve(&flags, &env_of(env), &ConfigFile::Required(file.0.clone()))
+                    .expect("resolves");
+            (shutdown_grace(&config), connect_timeout(&config), file)
+        };
+        let (grace, timeout, _) = from(
+            &[("JOBS_SHUTDOWN_GRACE", "1m30s")],
+            &[],
+            "connect_timeout = \"500ms\"\n",
+        );
+        assert_eq!(grace.expect("1m30s"), Duration::from_secs(90));
+        assert_eq!(timeout.expect("500ms"), Duration::from_millis(500));
+        let (grace, _, _) = from(&[], &[("--shutdown-grace", "1h30m")], "");
+        assert_eq!(grace.expect("1h30m"), Duration::from_secs(5_400));
+        let (grace, _, _) = from(&[], &[], "");
+        assert_eq!(grace.expect("the default"), Duration::from_secs(30));
+
+        let (grace, _, _) = from(&[("JOBS_SHUTDOWN_GRACE", "90")], &[], "");
+        let refused = grace.expect_err("no unit").to_string();
+        assert!(
+            refused.starts_with(
+                "shutdown_grace (from JOBS_SHUTDOWN_GRACE) must be a duration up to 1d: `90` has \
+                 a number without a unit: add one"
+            ),
+            "{refused}"
+        );
+        let (_, timeout, file) = from(&[], &[], "connect_timeout = 5\n");
+        let refused = timeout.expect_err("a bare number in the file").to_string();
+        assert!(
+            refused.starts_with(&format!(
+                "connect_timeout (from {}) must be a duration up to 1d: `5`",
+                file.0.display()
+            )),
+            "{refused}"
+        );
+        let (grace, _, _) = from(&[], &[("--shutdown-grace", "2d")], "");
+        let refused = grace.expect_err("longer than a day").to_string();
+        assert_eq!(
+            refused,
+            "shutdown_grace (from --shutdown-grace) must be a duration up to 1d: `2d` is longer \
+             than 1d"
+        );
+    }
 }

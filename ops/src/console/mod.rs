@@ -24,7 +24,7 @@ mod html;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::extract::{Form, Path, Query, State};
@@ -41,6 +41,8 @@ use jobs_core::{
 };
 use serde::Deserialize;
 use serde_json::json;
+
+use crate::config::DurationRange;
 
 pub use auth::{ConsoleToken, MIN_SECRET_LEN};
 use auth::{Gate, Session};
@@ -573,23 +575,17 @@ fn filter_of(query: &ListQuery, session: &Session) -> Result<DeadLetterFilter, S
     Ok(filter)
 }
 
-/// The letters since `since` (`1h`, `24h`, `7d`), newest first, stop at the first older one.
+/// How far back the list's `since` reaches: a hundred years, a time every clock holds.
+const SINCE: DurationRange = DurationRange::up_to(Duration::from_secs(36_500 * 86_400));
+
+/// The letters since `since` (`1h`, `24h`, `7d`: the one duration grammar), newest first,
+/// stop at the first older one.
 fn since_of(query: &ListQuery) -> Result<Option<SystemTime>, String> {
     let Some(since) = set(&query.since) else {
         return Ok(None);
     };
-    let (n, unit) = since.split_at(since.len().saturating_sub(1));
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("since: `{since}` is not a span such as 1h or 7d"))?;
-    let secs = match unit {
-        "m" => n.checked_mul(60),
-        "h" => n.checked_mul(3_600),
-        "d" => n.checked_mul(86_400),
-        _ => None,
-    }
-    .ok_or_else(|| format!("since: `{since}` is not a span such as 1h or 7d"))?;
-    Ok(SystemTime::now().checked_sub(std::time::Duration::from_secs(secs)))
+    let span = SINCE.parse(since).map_err(|e| format!("since {e}"))?;
+    Ok(SystemTime::now().checked_sub(span))
 }
 
 fn time(t: SystemTime) -> String {

@@ -243,7 +243,7 @@ async fn a_process_refuses_a_store_its_handlers_do_not_run_on_naming_the_key() {
 #[tokio::test]
 async fn a_process_refuses_settings_that_cannot_work_by_name() {
     let db = TestDb::create().await;
-    let cases: [(&str, &str, &str); 7] = [
+    let cases: [(&str, &str, &str); 8] = [
         (
             "JOBS_FAIR",
             "billing.refunds",
@@ -263,7 +263,13 @@ async fn a_process_refuses_settings_that_cannot_work_by_name() {
         (
             "JOBS_SHUTDOWN_GRACE",
             "soon",
-            "--shutdown-grace (JOBS_SHUTDOWN_GRACE",
+            "shutdown_grace (from JOBS_SHUTDOWN_GRACE) must be a duration up to 1d: `soon` is not",
+        ),
+        (
+            "JOBS_SHUTDOWN_GRACE",
+            "30",
+            "shutdown_grace (from JOBS_SHUTDOWN_GRACE) must be a duration up to 1d: `30` has a \
+             number without a unit: add one",
         ),
         (
             "JOBS_HTTP_ADDR",
