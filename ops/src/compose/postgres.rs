@@ -1,0 +1,135 @@
+//! PostgreSQL: the store (`postgres://…`), the PostgreSQL queue in a database's `core.jobs`
+//! (`postgres-queue://…`), and a grouped worker's store and queue on one pool.
+
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use jobs_adapter_postgres::sqlx::postgres::PgPoolOptions;
+use jobs_adapter_postgres::{PgQueue, PgStore, PgTenantDirectory};
+use jobs_consumers::WorkerConfig;
+use jobs_core::{BulkRuns, DeadLetterStore, ProcessedJobs, StoreError, TenantDirectory};
+
+use super::{
+    Adapter, ComposeError, Config, DATABASE_URL, Engine, QUEUE_URL, Queue, Store, connect_timeout,
+    scheme,
+};
+
+pub(super) const ADAPTER: Adapter = Adapter {
+    feature: "postgres",
+    store: Some(|config, url| store(config, url).boxed()),
+    queue: Some(|_, url| queue(url).boxed()),
+    rate_limiter: None,
+    alerter: None,
+    depth: None,
+};
+
+/// `postgres://…`, within [`connect_timeout`](super::connect_timeout).
+async fn store(config: &Config, url: &str) -> Result<Store, ComposeError> {
+    let timeout = connect_timeout(config)?;
+    let store = PgStore::connect_with(url, PgPoolOptions::new(), timeout)
+        .await
+        .map_err(ComposeError::Store)?;
+    Ok(Store::Postgres(store))
+}
+
+#[async_trait::async_trait]
+impl Engine for PgStore {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        PgStore::migrate(self).await
+    }
+
+    fn dead_letters(&self) -> Arc<dyn DeadLetterStore> {
+        Arc::new(self.clone())
+    }
+
+    fn bulk_runs(&self) -> Arc<dyn BulkRuns> {
+        Arc::new(self.clone())
+    }
+
+    fn tenants(&self) -> Option<Arc<dyn TenantDirectory>> {
+        Some(Arc::new(PgTenantDirectory::new(self.pool().clone())))
+    }
+
+    fn processed(&self) -> Arc<dyn ProcessedJobs> {
+        Arc::new(self.clone())
+    }
+}
+
+/// `postgres-queue://…`: the PostgreSQL queue over `core.jobs` of the database the rest of the
+/// URL names. Its table comes with the store's migrations (`jobsctl migrate` on that URL).
+async fn queue(url: &str) -> Result<Queue, ComposeError> {
+    let rest = ["postgres-queue://", "postgresql-queue://"]
+        .iter()
+        .find_map(|prefix| url.strip_prefix(prefix))
+        .ok_or_else(|| ComposeError::Invalid {
+            key: QUEUE_URL.describe(),
+            message: "expected postgres-queue://USER@HOST:PORT/DB".to_owned(),
+        })?;
+    let store = PgStore::connect(&format!("postgres://{rest}"))
+        .await
+        .map_err(|e| ComposeError::Queue(e.to_string()))?;
+    let queue = PgQueue::new(store.pool().clone());
+    match queue.is_migrated().await {
+        Ok(true) => Ok(Queue::pull(scheme(url), queue, true)),
+        Ok(false) => Err(ComposeError::Queue(
+            "that database has no core.jobs table: run `jobsctl migrate --database-url \
+             postgres://…` on the same database first"
+                .into(),
+        )),
+        Err(e) => Err(ComposeError::Queue(e.to_string())),
+    }
+}
+
+/// The store and queue of a grouped PostgreSQL worker (`WorkerBuilder::grouped`): the
+/// PostgreSQL queue in [`DATABASE_URL`]'s own database, on the store's pool, sized for
+/// `worker` ([`WorkerConfig::connections`]: one connection per concurrent group, plus
+/// fetching, settlements outside a transaction and the wake-up listener). The schema must be
+/// migrated (`jobsctl migrate`).
+pub async fn postgres_worker(
+    config: &Config,
+    worker: &WorkerConfig,
+) -> Result<(PgStore, PgQueue), ComposeError> {
+    let url = config.require(&DATABASE_URL)?;
+    if !matches!(scheme(url), "postgres" | "postgresql") {
+        return Err(ComposeError::Unsupported {
+            key: DATABASE_URL.describe(),
+            scheme: scheme(url).to_owned(),
+            source_of: config
+                .setting(&DATABASE_URL)
+                .map_or_else(|| "nothing".to_owned(), |s| s.source.to_string()),
+            accepted: "postgres://…, postgresql://…".to_owned(),
+        });
+    }
+    let store = PgStore::connect_sized(url, worker.connections())
+        .await
+        .map_err(ComposeError::Store)?;
+    let queue = PgQueue::new(store.pool().clone());
+    match queue.is_migrated().await {
+        Ok(true) => Ok((store, queue)),
+        Ok(false) => Err(ComposeError::Queue(
+            "that database has no core.jobs table: run `jobsctl migrate` on it first".into(),
+        )),
+        Err(e) => Err(ComposeError::Queue(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::{ConfigFile, Queue};
+
+    #[tokio::test]
+    async fn a_queue_url_of_another_shape_is_refused_naming_the_shape() {
+        let flags = BTreeMap::from([("--queue-url", "postgres-queue:db".to_owned())]);
+        let config =
+            super::Config::resolve(&flags, &|_| None, &ConfigFile::None).expect("resolves");
+        let err = Queue::connect(&config).await.expect_err("refused");
+        assert!(err.is_configuration(), "{err}");
+        assert!(
+            err.to_string()
+                .contains("postgres-queue://USER@HOST:PORT/DB"),
+            "{err}"
+        );
+    }
+}
