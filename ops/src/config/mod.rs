@@ -267,6 +267,18 @@ impl Config {
             })
     }
 
+    /// Whether `key` is `on` (else `off`); any other value is refused, naming the key.
+    pub fn switch(&self, key: &Key) -> Result<bool, ConfigError> {
+        match self.require(key)? {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            other => Err(ConfigError::Invalid {
+                key: key.describe(),
+                message: format!("`{other}` is neither on nor off"),
+            }),
+        }
+    }
+
     /// The configuration file that was read, if any.
     pub fn file(&self) -> Option<&Path> {
         self.file.as_deref()

@@ -1,0 +1,93 @@
+//! A worker process over PostgreSQL: its workers run grouped in the store's own queue, unless
+//! [`QUEUE_URL`] names another transport; the cron scheduler reads `core.tenants` and the
+//! outbox relay forwards `core.outbox`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures_util::future::BoxFuture;
+use jobs_adapter_postgres::{OutboxRelay, PgQueue, PgStore, PgTenantDirectory};
+use jobs_consumers::Worker;
+
+use super::{Opened, ProcessError, ProcessStore, Transport};
+use crate::compose::{self, ComposeError, Config, DATABASE_URL, QUEUE_URL, Source};
+
+#[async_trait]
+impl ProcessStore for PgStore {
+    const ENGINE: &'static str = "PostgreSQL";
+    const SCHEMES: &'static [&'static str] = &["postgres", "postgresql"];
+
+    /// The store on one pool of `connections`, and, unless [`QUEUE_URL`] names another
+    /// transport, the PostgreSQL queue in its own database on that pool, grouped
+    /// (`WorkerBuilder::grouped`).
+    async fn open(config: &Config, connections: u32) -> Result<Opened<PgStore>, ProcessError> {
+        let url = config.require(&DATABASE_URL)?;
+        let timeout = compose::connect_timeout(config)?;
+        let options = PgStore::pool_options(connections);
+        let store = PgStore::connect_with(url, options, timeout)
+            .await
+            .map_err(ComposeError::Store)?;
+        let pool = store.pool().clone();
+        let ping = Box::new(move || {
+            let pool = pool.clone();
+            Box::pin(async move {
+                let migrated: Option<bool> = jobs_adapter_postgres::sqlx::query_scalar(
+                    "select to_regclass('core.processed_jobs') is not null",
+                )
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| format!("the store does not answer: {e}"))?;
+                match migrated {
+                    Some(true) => Ok(()),
+                    _ => Err("the store has no core schema: run `jobsctl migrate`".to_owned()),
+                }
+            }) as BoxFuture<'static, Result<(), String>>
+        });
+        let own_queue = config
+            .setting(&QUEUE_URL)
+            .is_none_or(|s| s.source == Source::Default);
+        let own = if own_queue {
+            Some(grouped(&store).await?)
+        } else {
+            None
+        };
+        let outbox = store.pool().clone();
+        Ok(Opened {
+            tenants: Some(Arc::new(PgTenantDirectory::new(store.pool().clone()))),
+            relay: Some(Box::new(move |target| {
+                let relay = OutboxRelay::new(outbox, target);
+                Box::new(move |stop| Box::pin(crate::standing::run_relay(relay, stop)))
+            })),
+            own,
+            store,
+            ping,
+        })
+    }
+}
+
+/// The PostgreSQL queue in `store`'s database, on its pool, its workers grouped.
+async fn grouped(store: &PgStore) -> Result<Transport<PgStore>, ProcessError> {
+    let queue = Arc::new(PgQueue::new(store.pool().clone()));
+    match queue.is_migrated().await {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(ComposeError::Queue(
+                "that database has no core.jobs table: run `jobsctl migrate` on it first".into(),
+            )
+            .into());
+        }
+        Err(e) => return Err(ComposeError::Queue(e.to_string()).into()),
+    }
+    let shared = Arc::new(store.clone());
+    let grouped = queue.clone();
+    Ok(Transport {
+        builder: Box::new(move |name, queue_name| {
+            Worker::builder_on(name, queue_name, grouped.clone(), shared.clone())
+                .grouped(grouped.clone())
+        }),
+        transport: "the PostgreSQL queue in the store's database (grouped)".to_owned(),
+        publisher: queue.clone(),
+        depth: Some(queue),
+        push: None,
+    })
+}
