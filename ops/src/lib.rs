@@ -1,10 +1,13 @@
-//! The library a module binary depends on, and the half of `jobsctl` that is not its command
-//! line: [`process`], a production worker process in a few lines; [`compose`], the
-//! composition root that builds the ports from configuration exactly as `jobsctl` does;
-//! [`console`], the operations console's routes;
-//! [`standing`], the cron scheduler's and the outbox relay's loops; [`notify`], the email
-//! handler composed for the runtime. Each adapter is a cargo feature; `jobsctl` (the
-//! default) enables them all.
+//! The library a module binary depends on: [`process`], a production worker process in a few
+//! lines; [`config`], every key and where its value comes from; [`compose`], the composition
+//! root that builds the ports from configuration exactly as `jobsctl` does; [`console`], the
+//! operations console's routes; [`standing`], the cron scheduler's and the outbox relay's
+//! loops; [`notify`], the email handler composed for the runtime.
+//!
+//! Each adapter is a cargo feature (`postgres`, `sqlite`, `redis`, `vercel-queues`,
+//! `qstash`, `resend`, `betterstack`), none on by default: with none, the library composes
+//! only the in-process defaults, and refuses any other scheme naming the feature it needs.
+//! `jobsctl` (its own crate) enables them all.
 
 pub mod compose;
 pub mod config;

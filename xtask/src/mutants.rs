@@ -100,7 +100,14 @@ const GROUPS: &[Group] = &[
         ],
         only: None,
         test_packages: &["jobs-adapter-postgres", "jobs-ops"],
-        features: &["jobs-adapter-postgres/queue"],
+        // The features jobs-ops' `it` tests require (it has no default features).
+        features: &[
+            "jobs-adapter-postgres/queue",
+            "jobs-ops/postgres",
+            "jobs-ops/sqlite",
+            "jobs-ops/vercel-queues",
+            "jobs-ops/qstash",
+        ],
         test_args: &[
             "--test",
             "it",

@@ -562,4 +562,17 @@ mod tests {
              than 1d"
         );
     }
+
+    #[test]
+    fn a_configurations_debug_hides_its_secrets() {
+        let env =
+            |name: &str| (name == "DATABASE_URL").then(|| "postgres://u:hunter2@h/db".to_owned());
+        let config = Config::resolve(&BTreeMap::new(), &env, &ConfigFile::None).expect("resolves");
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("hunter2") && debug.contains("postgres://u:…@h/db"),
+            "{debug}"
+        );
+        assert_eq!(DATABASE_URL.shown("token123"), "…");
+    }
 }

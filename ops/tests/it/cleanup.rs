@@ -14,8 +14,8 @@ use jobs_core::{
     WorkStore, WorkTransaction,
 };
 
-use crate::cli::TempDb;
 use crate::pg::TestDb;
+use crate::temp::TempDb;
 
 const OLD: usize = 25;
 

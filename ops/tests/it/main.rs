@@ -1,20 +1,15 @@
-//! End-to-end tests of the composition: the real `jobsctl` binary, and the worker runtime on
-//! real stores.
+//! End-to-end tests of the library: the worker runtime on real stores and transports, the
+//! worker process and its examples, the console. (`jobsctl`'s are in `jobsctl/tests`.)
 
 mod book;
-mod bulk;
 mod cleanup;
-mod cli;
-mod config;
 mod console;
 mod crash;
 mod grouped;
-mod help;
 mod model;
 mod pg;
 mod postgres;
-mod publish;
 mod sqlite;
-mod transports;
+mod temp;
 mod vercel;
 mod worker_process;

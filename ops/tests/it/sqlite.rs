@@ -8,7 +8,7 @@ use jobs_adapter_sqlite::{SqliteStore, SqliteWorkTx, sqlx};
 use jobs_consumers::{Handler, Job, JobError, Outcome, Worker};
 use jobs_core::{ConsumerName, QueueName, QueuePort};
 
-use crate::cli::TempDb;
+use crate::temp::TempDb;
 
 /// Writes its row in the work transaction, and reads through the pool meanwhile, as handlers
 /// do for lookups (and as the model's handler does).

@@ -32,11 +32,11 @@ pub(crate) struct PublishArgs {
     #[arg(long, value_name = "JSON|@FILE")]
     data: Option<String>,
     /// Deliver at this time, RFC 3339 (e.g. 2026-12-01T03:00:00Z); a past time is now.
-    #[arg(long, value_parser = crate::cron::parse_time, conflicts_with = "delay")]
+    #[arg(long, value_parser = crate::values::parse_time, conflicts_with = "delay")]
     at: Option<SystemTime>,
     /// Deliver after this long: a number with a unit, several largest first (ms, s, m, h, d),
     /// e.g. 90s, 10m, 1h30m; up to 36500d.
-    #[arg(long, value_parser = crate::dead_letters::delay)]
+    #[arg(long, value_parser = crate::values::delay)]
     delay: Option<Duration>,
     /// Print the job id with the transport's receipt as JSON.
     #[arg(long)]
@@ -111,7 +111,7 @@ pub(crate) async fn run(queue: &Queue, args: PublishArgs, out: &mut impl Write) 
             "kind": envelope.kind.as_str(),
             "tenant_id": envelope.tenant_id.to_string(),
             "correlation_id": envelope.correlation_id.to_string(),
-            "at": args.at.map(crate::cron::rfc3339),
+            "at": args.at.map(crate::values::rfc3339),
             "delay_ms": args.delay.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             "transport": queue.scheme,
             "receipt": {

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use anyhow::{Result, bail};
-use chrono::{DateTime, SecondsFormat, Utc};
 use jobs_adapter_memory::{MemoryQueue, MemoryTenantDirectory};
 use jobs_core::{SystemClock, TenantDirectory};
 use jobs_cron::{CatchUp, Scheduler, TickReport, standard_tasks};
@@ -13,20 +12,8 @@ use jobs_cron::{CatchUp, Scheduler, TickReport, standard_tasks};
 use jobs_core::{QueueName, QueuePort};
 use jobs_ops::compose::{Queue, Store};
 
-use crate::Usage;
+use crate::{Usage, values};
 use serde_json::json;
-
-/// `t` as RFC 3339 in UTC, to the second.
-pub(crate) fn rfc3339(t: SystemTime) -> String {
-    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Secs, true)
-}
-
-/// Parses an RFC 3339 time such as `2026-12-01T03:00:00Z`.
-pub(crate) fn parse_time(text: &str) -> Result<SystemTime, String> {
-    DateTime::parse_from_rfc3339(text)
-        .map(SystemTime::from)
-        .map_err(|e| format!("`{text}` is not an RFC 3339 time (e.g. 2026-12-01T03:00:00Z): {e}"))
-}
 
 /// The standard tasks over `directory`, publishing to `queue` (an in-process queue when only
 /// planning).
@@ -80,7 +67,7 @@ pub(crate) fn list(as_json: bool, out: &mut impl Write) -> Result<()> {
                 "kind": fire.kind.as_str(),
                 "schedule": fire.schedule.to_string(),
                 "queue": fire.queue.as_str(),
-                "next": fire.next.map(rfc3339),
+                "next": fire.next.map(values::rfc3339),
             });
             writeln!(out, "{line}")?;
             continue;
@@ -91,7 +78,8 @@ pub(crate) fn list(as_json: bool, out: &mut impl Write) -> Result<()> {
             fire.kind.as_str(),
             fire.schedule.to_string(),
             fire.queue.as_str(),
-            fire.next.map_or_else(|| "never".to_owned(), rfc3339)
+            fire.next
+                .map_or_else(|| "never".to_owned(), values::rfc3339)
         )?;
     }
     Ok(())
@@ -116,8 +104,17 @@ pub(crate) async fn tick(
     let scheduler = scheduler(directory(store)?, queue)?;
     let report: TickReport = scheduler.tick_at(at, queue.is_none()).await;
     match queue {
-        None => writeln!(out, "slot {} (dry run: nothing published)", rfc3339(at))?,
-        Some(q) => writeln!(out, "slot {} published to {}:", rfc3339(at), q.scheme)?,
+        None => writeln!(
+            out,
+            "slot {} (dry run: nothing published)",
+            values::rfc3339(at)
+        )?,
+        Some(q) => writeln!(
+            out,
+            "slot {} published to {}:",
+            values::rfc3339(at),
+            q.scheme
+        )?,
     }
     for fired in &report.fired {
         writeln!(
@@ -134,7 +131,7 @@ pub(crate) async fn tick(
                 "      tenant {} job {} at {}{}",
                 job.tenant,
                 job.job_id,
-                rfc3339(job.run_at),
+                values::rfc3339(job.run_at),
                 job.tier
                     .map(|t| format!(" (tier {})", t.as_str()))
                     .unwrap_or_default()
@@ -169,11 +166,5 @@ mod tests {
                 .unwrap_or_else(|| panic!("{kind} missing:\n{text}"));
             assert!(line.contains("20"), "no next slot on: {line}");
         }
-    }
-
-    #[test]
-    fn times_are_rfc3339() {
-        assert!(super::parse_time("2026-12-01T03:00:00Z").is_ok());
-        assert!(super::parse_time("tomorrow").is_err());
     }
 }

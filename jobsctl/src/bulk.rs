@@ -17,14 +17,46 @@ use anyhow::{Context, Result, anyhow, bail};
 use jobs_adapter_memory::MemoryQueue;
 use jobs_consumers::{DeadLetters, ReplayError, Replayed};
 use jobs_core::{
-    BulkRun, BulkRuns, DeadLetterFilter, DeadLetterId, DeadLetterStatus, Resolution, TenantId,
-    Transition,
+    BulkRun, BulkRuns, DeadLetterFilter, DeadLetterId, DeadLetterStatus, Kind, QueueName,
+    Resolution, TenantId, Transition,
 };
 use jobs_ops::compose::{Config, Queue, Store};
 use jobs_ops::console::{capitalised, describe_filter};
 use serde_json::json;
 
-use crate::{NotConfirmed, Selection};
+use crate::NotConfirmed;
+
+/// Which dead letters a bulk command selects.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Selection {
+    /// The dead letters' ids.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub(crate) ids: Vec<i64>,
+    /// Every dead letter matching the filters (asks for confirmation unless --yes).
+    #[arg(long)]
+    all: bool,
+    /// With --all: only this status [default: pending_review].
+    #[arg(long, value_parser = crate::values::parse_status, requires = "all")]
+    status: Option<DeadLetterStatus>,
+    /// With --all: only this queue.
+    #[arg(long, requires = "all")]
+    queue: Option<QueueName>,
+    /// Only this tenant's letters (with ids: refuse the others).
+    #[arg(long)]
+    tenant: Option<TenantId>,
+    /// With --all: only this kind.
+    #[arg(long, requires = "all")]
+    kind: Option<Kind>,
+    /// Act without asking (required when standard input is not a terminal).
+    #[arg(long, short = 'y')]
+    yes: bool,
+    /// One JSON object per letter instead of text lines.
+    #[arg(long)]
+    json: bool,
+    /// Test hook: stop after this many letters, as an interruption would.
+    #[arg(long, hide = true)]
+    stop_after: Option<usize>,
+}
 
 /// What a bulk command does to each letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,11 +25,11 @@ pub(crate) struct VerifyArgs {
     #[arg(long, value_name = "FILE")]
     body: PathBuf,
     /// Check as of this time, RFC 3339, e.g. when the delivery was refused [default: now].
-    #[arg(long, value_parser = crate::cron::parse_time)]
+    #[arg(long, value_parser = crate::values::parse_time)]
     at: Option<SystemTime>,
     /// Clock skew allowed on exp and nbf: a number with a unit, several largest first (ms, s,
     /// m, h, d), e.g. 5s or 1500ms; up to 36500d.
-    #[arg(long, value_parser = crate::dead_letters::tolerance, default_value = "5s")]
+    #[arg(long, value_parser = crate::values::tolerance, default_value = "5s")]
     tolerance: Duration,
     /// A JSON object instead of text.
     #[arg(long)]
@@ -78,7 +78,9 @@ pub(crate) fn verify(keys: &SigningKeys, args: &VerifyArgs, out: &mut impl Write
             "valid: signed with the {} signing key for {}, valid until {} (jti {})",
             key_name(verified.key),
             verified.claims.sub,
-            crate::cron::rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(verified.claims.exp)),
+            crate::values::rfc3339(
+                SystemTime::UNIX_EPOCH + Duration::from_secs(verified.claims.exp)
+            ),
             verified.claims.jti
         )?,
         (Err(e), true) => writeln!(

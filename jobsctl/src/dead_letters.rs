@@ -5,10 +5,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use jobs_core::{DeadLetter, DeadLetterFilter, DeadLetterId, QueueName};
-use jobs_ops::config::{DurationRange, DurationRefused};
 use serde_json::{Value, json};
 
 use jobs_ops::compose::{Queue, Store};
+
+use crate::values;
 
 /// Prints the letters matching `filter`, as a table or JSON Lines.
 pub(crate) async fn list(
@@ -72,7 +73,7 @@ pub(crate) async fn show(
         .iter()
         .map(|event| {
             json!({
-                "at": crate::cron::rfc3339(event.at),
+                "at": values::rfc3339(event.at),
                 "from": event.from.as_str(),
                 "to": event.to.as_str(),
                 "by": event.by,
@@ -110,7 +111,7 @@ pub(crate) async fn show(
             writeln!(
                 out,
                 "  {}  {} -> {}  {}",
-                crate::cron::rfc3339(event.at),
+                values::rfc3339(event.at),
                 event.from,
                 event.to,
                 event.by
@@ -232,55 +233,8 @@ fn to_json(letter: &DeadLetter) -> Value {
         "last_error": l.last_error,
         "created_at_ms": millis(l.at),
         "updated_at_ms": millis(letter.updated_at),
-        "created_at": crate::cron::rfc3339(l.at),
-        "updated_at": crate::cron::rfc3339(letter.updated_at),
+        "created_at": values::rfc3339(l.at),
+        "updated_at": values::rfc3339(letter.updated_at),
         "payload": payload,
     })
-}
-
-/// The longest `--delay`, `--older-than` or `--tolerance` accepts, a hundred years: now plus
-/// or minus it is a time every clock and store can hold.
-const LONGEST: Duration = Duration::from_secs(36_500 * 86_400);
-
-/// `--delay`: how long a job waits before it is delivered.
-pub(crate) fn delay(text: &str) -> Result<Duration, DurationRefused> {
-    DurationRange::up_to(LONGEST).parse(text)
-}
-
-/// `--older-than`: the age of the `processed_jobs` rows a cleanup deletes.
-pub(crate) fn older_than(text: &str) -> Result<Duration, DurationRefused> {
-    DurationRange::up_to(LONGEST).parse(text)
-}
-
-/// `--tolerance`: the clock skew allowed on a signature's `exp` and `nbf`.
-pub(crate) fn tolerance(text: &str) -> Result<Duration, DurationRefused> {
-    DurationRange::up_to(LONGEST).parse(text)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    #[test]
-    fn duration_flags_take_the_one_grammar_up_to_a_hundred_years() {
-        assert_eq!(
-            super::older_than("30d"),
-            Ok(Duration::from_secs(30 * 86_400))
-        );
-        assert_eq!(super::delay("1h30m"), Ok(Duration::from_secs(5_400)));
-        assert_eq!(super::tolerance("1500ms"), Ok(Duration::from_millis(1_500)));
-        assert_eq!(
-            super::delay("36500d"),
-            Ok(Duration::from_secs(36_500 * 86_400))
-        );
-        for absurd in ["36501d", "18446744073709551615s", "99999999999999999999d"] {
-            let error = super::delay(absurd).expect_err("refused");
-            assert!(error.to_string().contains(absurd), "{error}");
-            assert!(error.to_string().contains("up to 36500d"), "{error}");
-        }
-        let bare = super::older_than("30").expect_err("no unit");
-        assert!(bare.to_string().contains("add one"), "{bare}");
-        assert!(super::delay("3w").is_err());
-        assert!(super::delay("").is_err());
-    }
 }

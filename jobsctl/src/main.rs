@@ -1,0 +1,405 @@
+//! `jobsctl`: the operator's command line of softcrum-jobs, over the composition root of
+//! `jobs-ops` with every adapter. `cargo install --path jobsctl` installs it.
+
+mod bulk;
+mod cli;
+mod cron;
+mod dead_letters;
+#[cfg(feature = "demo")]
+mod demo;
+mod publish;
+mod qstash;
+mod validate;
+mod values;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use jobs_core::{DeadLetterFilter, DeadLetterId, QueueName};
+use jobs_ops::compose::{self, ComposeError, Config, Queue, Store};
+
+use cli::{
+    CleanupCommand, Cli, Command, CronCommand, DeadLetterCommand, EnvelopeCommand, OutboxCommand,
+    QstashCommand,
+};
+
+/// An error the operator's input caused: exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Usage(pub(crate) String);
+
+/// The operator did not confirm a bulk action: exit code 3.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct NotConfirmed(pub(crate) String);
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Envelope(EnvelopeCommand::Validate { file, lines, json }) = &cli.command {
+        return validate(file, *lines, *json);
+    }
+    #[cfg(feature = "demo")]
+    if let Command::Demo = cli.command {
+        return finish(block_on(async {
+            demo::run(&mut std::io::stdout().lock()).await
+        }));
+    }
+    let config = match cli.config.resolve() {
+        Ok(config) => config,
+        Err(e) => return finish(Err(e.into())),
+    };
+    finish(block_on(run(cli.command, config)))
+}
+
+async fn run(command: Command, config: Config) -> Result<()> {
+    let out = &mut std::io::stdout().lock();
+    match command {
+        #[cfg(feature = "demo")]
+        Command::Demo => unreachable!("handled before configuration"),
+        Command::Envelope(_) => unreachable!("handled before configuration"),
+        Command::Config { json } => show_config(&config, json, out),
+        Command::Migrate => {
+            let store = Store::connect(&config).await?;
+            store.migrate().await.context("applying migrations")?;
+            writeln!(out, "migrations applied")?;
+            Ok(())
+        }
+        Command::Publish(args) => {
+            let queue = durable_queue(&config, "publish").await?;
+            publish::run(&queue, args, out).await
+        }
+        Command::Queues { queues, json } => {
+            let queue = Queue::connect(&config).await?;
+            let names = if !queues.is_empty() {
+                queues
+            } else if let Some(list) = config.get(&compose::QUEUES) {
+                list.split(',')
+                    .map(|name| name.trim().parse::<QueueName>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| Usage(format!("{}: {e}", compose::QUEUES.describe())))?
+            } else {
+                listed(&queue).await?
+            };
+            if !queue.durable {
+                eprintln!(
+                    "note: the {}: queue lives in this process only, so its depth is always 0 here",
+                    queue.scheme
+                );
+            }
+            dead_letters::queues(&queue, &names, json, out).await
+        }
+        Command::DeadLetters(command) => dead_letter_command(command, &config, out).await,
+        Command::Console { listen, no_auth } => console(&config, listen, no_auth).await,
+        Command::Cron(CronCommand::List { json }) => cron::list(json, out),
+        Command::Cron(CronCommand::Tick { at, dry_run }) => {
+            let store = Store::connect(&config).await?;
+            let queue = if dry_run {
+                None
+            } else {
+                Some(durable_queue(&config, "cron tick").await?)
+            };
+            cron::tick(&store, queue.as_ref(), at, out).await
+        }
+        Command::Cron(CronCommand::Run) => {
+            let store = Store::connect(&config).await?;
+            let queue = durable_queue(&config, "cron run").await?;
+            jobs_ops::process::init_tracing(config.get(&compose::LOG_FORMAT).unwrap_or("human"))?;
+            cron::run(&store, &queue).await
+        }
+        Command::Outbox(OutboxCommand::Relay) => {
+            let Store::Postgres(store) = Store::connect(&config).await? else {
+                return Err(Usage(format!(
+                    "the outbox lives in PostgreSQL (core.outbox): set {} to a postgres:// URL",
+                    compose::DATABASE_URL.describe()
+                ))
+                .into());
+            };
+            let queue = durable_queue(&config, "the outbox relay").await?;
+            jobs_ops::process::init_tracing(config.get(&compose::LOG_FORMAT).unwrap_or("human"))?;
+            let relay =
+                jobs_adapter_postgres::OutboxRelay::new(store.pool().clone(), queue.publisher);
+            until_signal(|stop| jobs_ops::standing::run_relay(relay, stop)).await;
+            Ok(())
+        }
+        Command::Qstash(QstashCommand::Verify(args)) => {
+            let keys = compose::qstash_signing_keys(&config)?;
+            if qstash::verify(&keys, &args, out)? {
+                Ok(())
+            } else {
+                anyhow::bail!("the signature is not valid for this delivery")
+            }
+        }
+        Command::Cleanup(CleanupCommand::Processed { older_than, json }) => {
+            let store = Store::connect(&config).await?;
+            dead_letters::cleanup(&store, older_than, json, out).await
+        }
+    }
+}
+
+/// `jobsctl console`: the console over the configured store and queue, until a stop signal.
+async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -> Result<()> {
+    use jobs_ops::console::{Console, ConsoleToken};
+    let tokens: Vec<ConsoleToken> = config
+        .get(&compose::CONSOLE_TOKENS)
+        .map(ConsoleToken::parse_list)
+        .transpose()
+        .map_err(|e| Usage(format!("{}: {e}", compose::CONSOLE_TOKENS.describe())))?
+        .unwrap_or_default();
+    if no_auth && !listen.ip().is_loopback() {
+        return Err(Usage(format!(
+            "--no-auth serves without sign-in, so only on a loopback address, not {listen}"
+        ))
+        .into());
+    }
+    if !no_auth && tokens.is_empty() {
+        return Err(Usage(format!(
+            "the console needs sign-in tokens: set {} (or --no-auth on a loopback address)",
+            compose::CONSOLE_TOKENS.describe()
+        ))
+        .into());
+    }
+    let store = Store::connect(config).await?;
+    let queue = durable_queue(config, "the console's replays").await?;
+    jobs_ops::process::init_tracing(config.get(&compose::LOG_FORMAT).unwrap_or("human"))?;
+    let mut console = if no_auth {
+        Console::without_sign_in(store.dead_letters(), queue.publisher.clone())
+    } else {
+        Console::new(store.dead_letters(), queue.publisher.clone(), tokens)
+    }
+    .bulk_runs(store.bulk_runs())
+    .replay_rate(compose::console_replay_rate(config)?);
+    if let Some(tenants) = store.tenants() {
+        console = console.tenants(tenants);
+    }
+    if let Some(depth) = queue.depth.clone() {
+        let names = listed(&queue).await?;
+        console = console.depth(depth, names);
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    eprintln!("console on http://{listen}/");
+    axum::serve(listener, console.router())
+        .with_graceful_shutdown(jobs_ops::process::stop_signal())
+        .await
+        .context("serving the console")?;
+    Ok(())
+}
+
+/// The configured queue, refusing the default in-process one for commands whose messages
+/// must outlive this process: an explicitly configured `memory:` is obeyed, with a warning.
+async fn durable_queue(config: &Config, what: &str) -> Result<Queue> {
+    let queue = Queue::connect(config).await?;
+    if !queue.durable {
+        let explicit = config
+            .setting(&compose::QUEUE_URL)
+            .is_some_and(|s| s.source != compose::Source::Default);
+        if !explicit {
+            return Err(Usage(format!(
+                "no queue is configured, and what {what} sends to the default in-process \
+                 memory: queue is lost when jobsctl exits; set {}",
+                compose::QUEUE_URL.describe()
+            ))
+            .into());
+        }
+        eprintln!(
+            "warning: the {}: queue lives in this process only: what {what} sends is lost when \
+             jobsctl exits",
+            queue.scheme
+        );
+    }
+    Ok(queue)
+}
+
+fn show_config(config: &Config, json: bool, out: &mut impl std::io::Write) -> Result<()> {
+    if !json {
+        writeln!(
+            out,
+            "{:<28} {:<28} {:<28} source",
+            "key", "value", "environment"
+        )?;
+        if let Some(file) = config.file() {
+            writeln!(out, "(configuration file: {})", file.display())?;
+        }
+    }
+    for key in compose::KEYS {
+        let setting = config.setting(key);
+        let value = setting.map(|s| key.shown(&s.value));
+        let source = setting.map_or_else(|| "unset".to_owned(), |s| s.source.to_string());
+        if json {
+            let line = serde_json::json!({
+                "key": key.name,
+                "value": value,
+                "source": source,
+                "env": key.env,
+                "flag": key.flag,
+            });
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(
+                out,
+                "{:<28} {:<28} {:<28} {source}",
+                key.name,
+                value.as_deref().unwrap_or("-"),
+                key.env
+            )?;
+        }
+    }
+    Ok(())
+}
+
+async fn dead_letter_command(
+    command: DeadLetterCommand,
+    config: &Config,
+    out: &mut impl std::io::Write,
+) -> Result<()> {
+    match command {
+        DeadLetterCommand::List {
+            status,
+            queue,
+            tenant,
+            kind,
+            after,
+            limit,
+            json,
+        } => {
+            let filter = DeadLetterFilter {
+                status,
+                queue,
+                tenant_id: tenant,
+                kind,
+                after: after.map(DeadLetterId),
+                limit,
+                ..DeadLetterFilter::default()
+            };
+            let store = Store::connect(config).await?;
+            dead_letters::list(&store, &filter, json, out).await
+        }
+        DeadLetterCommand::Show { id, json } => {
+            let store = Store::connect(config).await?;
+            dead_letters::show(&store, DeadLetterId(id), json, out).await
+        }
+        DeadLetterCommand::Replay(selection) => {
+            let store = Store::connect(config).await?;
+            let queue = durable_queue(config, "replay").await?;
+            bulk::run(
+                bulk::Action::Replay,
+                &store,
+                Some(&queue),
+                config,
+                selection,
+                out,
+            )
+            .await
+        }
+        DeadLetterCommand::Discard(selection) => {
+            let store = Store::connect(config).await?;
+            bulk::run(bulk::Action::Discard, &store, None, config, selection, out).await
+        }
+    }
+}
+
+fn validate(file: &PathBuf, lines: bool, json: bool) -> ExitCode {
+    let input: Box<dyn std::io::Read> = if file.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        match std::fs::File::open(file).with_context(|| format!("opening {}", file.display())) {
+            Ok(f) => Box::new(f),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(2);
+            }
+        }
+    };
+    match validate::run(input, lines, json, &mut std::io::stdout().lock()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) if reader_left(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Who runs this `jobsctl`, as dead-letter histories record it: `$USER`, else `unknown user`.
+fn operator() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|user| !user.is_empty())
+        .unwrap_or_else(|| "unknown user".to_owned())
+}
+
+fn block_on<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(work)
+}
+
+/// The queues the transport holds messages in, when it can list them; else the standard
+/// tasks' queues, said so on standard error.
+async fn listed(queue: &Queue) -> Result<Vec<QueueName>> {
+    // An in-process queue holds nothing in a one-shot command: the standard ones say more.
+    if queue.durable
+        && let Some(depth) = &queue.depth
+        && let Some(names) = depth.queues().await?
+    {
+        return Ok(names);
+    }
+    eprintln!(
+        "note: the {}: transport cannot list its queues; showing the standard ones \
+         (name others with --queue or JOBS_QUEUES)",
+        queue.scheme
+    );
+    cron::standard_queues()
+}
+
+/// Runs the loop `start` makes until SIGTERM or SIGINT, then lets it finish.
+pub(crate) async fn until_signal<F>(start: impl FnOnce(tokio::sync::watch::Receiver<bool>) -> F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(start(stopped));
+    jobs_ops::process::stop_signal().await;
+    stop.send_replace(true);
+    if let Err(e) = running.await {
+        eprintln!("error: the loop failed: {e}");
+    }
+}
+
+/// Whether `e` is standard output's reader going away (`jobsctl … --json | head`): the
+/// output was wanted no further, so the command ends quietly.
+fn reader_left(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn finish(result: Result<()>) -> ExitCode {
+    let Err(e) = result else {
+        return ExitCode::SUCCESS;
+    };
+    if reader_left(&e) {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!("error: {e:#}");
+    if e.downcast_ref::<NotConfirmed>().is_some() {
+        return ExitCode::from(3);
+    }
+    let usage = e.downcast_ref::<Usage>().is_some()
+        || e.downcast_ref::<ComposeError>()
+            .is_some_and(ComposeError::is_configuration);
+    if usage {
+        ExitCode::from(2)
+    } else {
+        ExitCode::FAILURE
+    }
+}
