@@ -6,22 +6,24 @@
 //! longer see that letter and it would never be published. Resuming the snapshot publishes it
 //! (replaying a `replayed` letter republishes under the same dedup key, harmlessly), and
 //! letters the run records as settled are not touched again. The run lives in the store, so
-//! every `jobsctl` and console on it sees the run and its progress, and resumes the same one:
-//! its key is the action and the filter, as the console writes it.
+//! every `jobsctl` and console on it sees the run and its progress, and resumes the same one.
+//! How a run is keyed, settled and journaled is `jobs_ops::bulk`'s, shared with the console;
+//! this module is the command line's front to it: confirmation, output, progress.
 
 use std::io::{IsTerminal, Write};
+use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use jobs_adapter_memory::MemoryQueue;
-use jobs_consumers::{DeadLetters, ReplayError, Replayed};
+use jobs_consumers::DeadLetters;
 use jobs_core::{
     BulkRun, BulkRuns, DeadLetterFilter, DeadLetterId, DeadLetterStatus, Kind, QueueName,
-    Resolution, TenantId, Transition,
+    Resolution, TenantId,
 };
-use jobs_ops::compose::{Config, Queue, Store};
-use jobs_ops::console::{capitalised, describe_filter};
+use jobs_ops::bulk::{Resolver, action_name, describe_filter, run_key};
+use jobs_ops::compose::{Queue, Store};
 use serde_json::json;
 
 use crate::NotConfirmed;
@@ -58,109 +60,12 @@ pub(crate) struct Selection {
     stop_after: Option<usize>,
 }
 
-/// What a bulk command does to each letter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Action {
-    Replay,
-    Discard,
-}
-
-impl Action {
-    fn name(self) -> &'static str {
-        match self {
-            Action::Replay => "replay",
-            Action::Discard => "discard",
-        }
-    }
-
-    fn resolution(self) -> Resolution {
-        match self {
-            Action::Replay => Resolution::Replay,
-            Action::Discard => Resolution::Discard,
-        }
-    }
-}
-
-/// What happened to one letter.
-struct Outcome {
-    /// A stable word for scripts: `replayed`, `already_replayed`, `discarded`,
-    /// `already_discarded`, `not_found`, `conflict`, `not_an_envelope` or `failed`.
-    result: &'static str,
-    message: String,
-    /// Whether the letter reached its end state (a re-run need not act on it again).
-    ok: bool,
-    /// Whether a re-run of the same command would find nothing more to do for it: done, or
-    /// refused for a reason a retry does not change. Transient failures are not settled.
-    settled: bool,
-}
-
-impl Outcome {
-    /// The outcome as a bulk run records it, in the words the console records too.
-    fn recorded(&self) -> String {
-        match self.result {
-            "replayed" | "discarded" => "done".to_owned(),
-            "already_replayed" | "already_discarded" => "already done".to_owned(),
-            "not_found" => "not found".to_owned(),
-            "conflict" | "not_an_envelope" => format!("conflict: {}", self.message),
-            _ => self.message.clone(),
-        }
-    }
-}
-
-async fn act(
-    action: Action,
-    ops: &DeadLetters,
-    id: DeadLetterId,
-    tenant: Option<TenantId>,
-) -> Outcome {
-    let outcome = |result, message: String, ok, settled| Outcome {
-        result,
-        message,
-        ok,
-        settled,
-    };
-    match action {
-        Action::Replay => match ops.replay(id, tenant).await {
-            Ok(Replayed::Done) => outcome("replayed", "replayed".into(), true, true),
-            Ok(Replayed::AlreadyDone) => outcome(
-                "already_replayed",
-                format!("already replayed; published again under dead-letter-{id}"),
-                true,
-                true,
-            ),
-            Err(e @ ReplayError::NotFound(_)) => outcome("not_found", e.to_string(), false, true),
-            Err(e @ ReplayError::Conflict { .. }) => {
-                outcome("conflict", e.to_string(), false, true)
-            }
-            Err(e @ ReplayError::NotAnEnvelope { .. }) => {
-                outcome("not_an_envelope", e.to_string(), false, true)
-            }
-            Err(e) => outcome("failed", e.to_string(), false, false),
-        },
-        Action::Discard => match ops.discard(id, tenant).await {
-            Ok(Transition::Done) => outcome("discarded", "discarded".into(), true, true),
-            Ok(Transition::AlreadyDone) => {
-                outcome("already_discarded", "already discarded".into(), true, true)
-            }
-            Ok(Transition::Conflict(status)) => outcome(
-                "conflict",
-                format!("not discarded: it is {status}"),
-                false,
-                true,
-            ),
-            Ok(Transition::NotFound) => outcome("not_found", "not found".into(), false, true),
-            Err(e) => outcome("failed", e.to_string(), false, false),
-        },
-    }
-}
-
-/// Runs `action` over the selected letters; `queue` is where replays publish. A filtered run
-/// is journaled in the store's [`BulkRuns`] (the configuration no longer says where).
+/// Runs `resolution` over the selected letters; `queue` is where replays publish. A filtered
+/// run is journaled in the store's [`BulkRuns`], so a re-run resumes it.
 pub(crate) async fn run(
-    action: Action,
+    resolution: Resolution,
     store: &Store,
     queue: Option<&Queue>,
-    _config: &Config,
     selection: Selection,
     out: &mut impl Write,
 ) -> Result<()> {
@@ -169,23 +74,24 @@ pub(crate) async fn run(
         || Arc::new(MemoryQueue::default()) as Arc<dyn jobs_core::QueuePort>,
         |q| q.publisher.clone(),
     );
-    let by = format!("jobsctl ({})", crate::operator());
-    let ops = DeadLetters::new(store.dead_letters(), publisher).acting_as(by.clone());
-    let tenant = selection.tenant;
+    let letters = DeadLetters::new(store.dead_letters(), publisher);
+    let resolver = Resolver::new(
+        &letters,
+        format!("jobsctl ({})", crate::operator()),
+        selection.tenant,
+    );
     let runs = store.bulk_runs();
-    let (ids, run) = if selection.all {
+    let action = action_name(resolution);
+    let (mut ids, run) = if selection.all {
         let filter = DeadLetterFilter {
             status: Some(selection.status.unwrap_or(DeadLetterStatus::PendingReview)),
             queue: selection.queue.clone(),
-            tenant_id: tenant,
+            tenant_id: selection.tenant,
             kind: selection.kind.clone(),
             limit: 500,
             ..DeadLetterFilter::default()
         };
-        let described = describe_filter(&filter);
-        let key = format!("{} {described}", action.name());
-        let Some(run) = start(action, &*runs, &ops, &filter, &key, &by, selection.yes).await?
-        else {
+        let Some(run) = start(resolution, &*runs, &resolver, &filter, selection.yes).await? else {
             return Ok(());
         };
         (run.pending().collect::<Vec<_>>(), Some(run))
@@ -195,99 +101,93 @@ pub(crate) async fn run(
             None,
         )
     };
+    let total = ids.len();
+    // The test hook stands for an interruption after that many letters.
+    let interrupted = selection.stop_after.filter(|&n| n < total);
+    if let Some(n) = interrupted {
+        ids.truncate(n);
+    }
 
     let terminal = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
-    let progress = Progress::new(ids.len(), action.name(), terminal && !selection.json);
-    let (mut succeeded, mut failed, mut unsettled) = (0usize, 0usize, 0usize);
-    for (n, &id) in ids.iter().enumerate() {
-        if selection.stop_after == Some(n) {
+    let progress = Progress::new(total, action, terminal && !selection.json);
+    let (mut written, mut done) = (Ok(()), 0);
+    let journal = run.as_ref().map(|run| (&*runs, run.id));
+    let tally = resolver
+        .settle(resolution, &ids, journal, Duration::ZERO, |id, resolved| {
             progress.clear();
-            bail!(
-                "stopped after {n} of {} letters (--stop-after); re-run the same command to resume",
-                ids.len()
-            );
-        }
-        let outcome = act(action, &ops, id, tenant).await;
-        progress.clear();
-        if selection.json {
-            let line = json!({ "id": id.0, "result": outcome.result, "message": outcome.message });
-            writeln!(out, "{line}")?;
-        } else {
-            writeln!(out, "{id}: {}", outcome.message)?;
-        }
-        out.flush()?;
-        if outcome.settled {
-            if let Some(run) = &run {
-                runs.record_settled(run.id, id, &outcome.recorded())
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "recording dead letter {id} as settled in bulk run {}",
-                            run.id
-                        )
-                    })?;
+            written = if selection.json {
+                let line = json!({
+                    "id": id.0,
+                    "result": resolved.result(),
+                    "message": resolved.message(),
+                });
+                writeln!(out, "{line}")
+            } else {
+                writeln!(out, "{id}: {}", resolved.message())
             }
-        } else {
-            unsettled += 1;
-        }
-        if outcome.ok {
-            succeeded += 1;
-        } else {
-            failed += 1;
-        }
-        progress.draw(n + 1);
-    }
+            .and_then(|()| out.flush());
+            done += 1;
+            progress.draw(done);
+            if written.is_ok() {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(())
+            }
+        })
+        .await
+        .with_context(|| match &run {
+            Some(run) => format!("journaling bulk run {}", run.id),
+            None => "acting on the dead letters".to_owned(),
+        })?;
     progress.clear();
+    written?;
+    if let Some(n) = interrupted {
+        bail!(
+            "stopped after {n} of {total} letters (--stop-after); re-run the same command to resume"
+        );
+    }
     let summary = format!(
-        "{}: {succeeded} done, {failed} failed, of {}",
-        action.name(),
-        ids.len()
+        "{action}: {} done, {} failed, of {total}",
+        tally.done, tally.failed
     );
     if selection.json {
         eprintln!("{summary}");
     } else {
         writeln!(out, "{summary}")?;
     }
-    if let Some(run) = run {
-        if unsettled == 0 {
-            runs.finish_run(run.id, SystemTime::now())
-                .await
-                .with_context(|| format!("closing bulk run {}", run.id))?;
-        } else {
-            eprintln!(
-                "{unsettled} failed for a reason that may pass: re-run the same command to retry \
-                 them (bulk run {})",
-                run.id
-            );
-        }
+    if let (Some(run), false) = (&run, tally.finished) {
+        eprintln!(
+            "{} failed for a reason that may pass: re-run the same command to retry them (bulk \
+             run {})",
+            tally.unsettled, run.id
+        );
     }
-    if failed > 0 {
+    if tally.failed > 0 {
         return Err(anyhow!(
-            "{failed} of {} dead letters could not be {}ed",
-            ids.len(),
-            action.name().trim_end_matches('e')
+            "{} of {total} dead letters could not be {}ed",
+            tally.failed,
+            action.trim_end_matches('e')
         ));
     }
     Ok(())
 }
 
-/// The run of `key`: the unfinished one, resumed once the operator confirms, else a new one
-/// over a snapshot of what `filter` matches now. `None` when nothing matches.
+/// The run of `resolution` over `filter`: the unfinished one, resumed once the operator
+/// confirms, else a new one over a snapshot of what `filter` matches now. `None` when nothing
+/// matches.
 async fn start(
-    action: Action,
+    resolution: Resolution,
     runs: &dyn BulkRuns,
-    ops: &DeadLetters,
+    resolver: &Resolver,
     filter: &DeadLetterFilter,
-    key: &str,
-    by: &str,
     yes: bool,
 ) -> Result<Option<BulkRun>> {
-    let described = describe_filter(filter);
-    if let Some(run) = runs.unfinished(key).await? {
+    let (action, described) = (action_name(resolution), describe_filter(filter));
+    if let Some(run) = runs.unfinished(&run_key(resolution, filter)).await? {
         confirm(
             &format!(
-                "Resume the interrupted {} of dead letters matching {described}: {} of {} left?",
-                action.name(),
+                "Resume the interrupted {action} of dead letters matching {described}: {} of {} \
+                 left?",
                 run.pending().count(),
                 run.total()
             ),
@@ -296,22 +196,20 @@ async fn start(
         eprintln!("resuming bulk run {} (started by {})", run.id, run.by);
         return Ok(Some(run));
     }
-    let ids = ops.matching(filter).await?;
+    let ids = resolver.matching(filter).await?;
     if ids.is_empty() {
         eprintln!("no dead letters match {described}: nothing to do");
         return Ok(None);
     }
+    let verb = match resolution {
+        Resolution::Replay => "Replay",
+        Resolution::Discard => "Discard",
+    };
     confirm(
-        &format!(
-            "{} {} dead letters matching {described}?",
-            capitalised(action.name()),
-            ids.len()
-        ),
+        &format!("{verb} {} dead letters matching {described}?", ids.len()),
         yes,
     )?;
-    let run = runs
-        .start_run(key, action.resolution(), &ids, by, SystemTime::now())
-        .await?;
+    let run = resolver.start(runs, resolution, filter, &ids).await?;
     if run.ids == ids && run.done() == 0 {
         eprintln!(
             "bulk run {} (re-run the same command to resume after an interruption)",

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use jobs_core::{DeadLetterFilter, DeadLetterId, QueueName};
+use jobs_core::{DeadLetterFilter, DeadLetterId, QueueName, Resolution};
 use jobs_ops::compose::{self, ComposeError, Config, Queue, Store};
 
 use cli::{
@@ -285,19 +285,11 @@ async fn dead_letter_command(
         DeadLetterCommand::Replay(selection) => {
             let store = Store::connect(config).await?;
             let queue = durable_queue(config, "replay").await?;
-            bulk::run(
-                bulk::Action::Replay,
-                &store,
-                Some(&queue),
-                config,
-                selection,
-                out,
-            )
-            .await
+            bulk::run(Resolution::Replay, &store, Some(&queue), selection, out).await
         }
         DeadLetterCommand::Discard(selection) => {
             let store = Store::connect(config).await?;
-            bulk::run(bulk::Action::Discard, &store, None, config, selection, out).await
+            bulk::run(Resolution::Discard, &store, None, selection, out).await
         }
     }
 }

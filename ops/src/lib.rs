@@ -9,6 +9,7 @@
 //! only the in-process defaults, and refuses any other scheme naming the feature it needs.
 //! `jobsctl` (its own crate) enables them all.
 
+pub mod bulk;
 pub mod compose;
 pub mod config;
 pub mod console;

@@ -7,11 +7,13 @@
 //! (replays spread over time at [`Console::replay_rate`] a second, so a thousand replays do
 //! not land on the queue at once) and records each; its page shows the progress until it
 //! finishes. A run whose process stopped half-way is resumed from its page, or by starting
-//! the same action on the same filter again.
+//! the same action on the same filter again. What a run is and how it settles is
+//! [`crate::bulk`]'s, shared with `jobsctl`; this module is the console's front to it.
 
 use std::collections::HashSet;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -24,9 +26,10 @@ use serde::Deserialize;
 use super::auth::Session;
 use super::html::{escape, page};
 use super::{
-    Acted, Console, ListQuery, Shared, act, authorised_post, filter_of, html_page, problem,
-    redirect, time, unauthorised, who,
+    Console, ListQuery, Shared, authorised_post, filter_of, html_page, problem, redirect, resolver,
+    time, unauthorised,
 };
+use crate::bulk::{Resolver, action_name, run_key};
 
 /// The runs this console instance is executing now, so that a resume does not start a
 /// second executor beside the first.
@@ -96,38 +99,6 @@ impl BulkForm {
     }
 }
 
-fn action_name(resolution: Resolution) -> &'static str {
-    match resolution {
-        Resolution::Replay => "replay",
-        Resolution::Discard => "discard",
-    }
-}
-
-/// The run's key: the action and the filter, as `jobsctl` writes it, so that both resume the
-/// same runs.
-fn key(resolution: Resolution, filter: &DeadLetterFilter) -> String {
-    format!("{} {}", action_name(resolution), describe_filter(filter))
-}
-
-/// A bulk run's filter as its key spells it (`status=… queue=… tenant=… kind=…`): one
-/// spelling for `jobsctl` and the console, so that each resumes the other's runs.
-pub fn describe_filter(filter: &DeadLetterFilter) -> String {
-    let mut parts = vec![format!(
-        "status={}",
-        filter.status.map_or("any", DeadLetterStatus::as_str)
-    )];
-    if let Some(queue) = &filter.queue {
-        parts.push(format!("queue={}", queue.as_str()));
-    }
-    if let Some(tenant) = filter.tenant_id {
-        parts.push(format!("tenant={tenant}"));
-    }
-    if let Some(kind) = &filter.kind {
-        parts.push(format!("kind={}", kind.as_str()));
-    }
-    parts.join(" ")
-}
-
 /// Whether `session` may see `run`: a tenant's session, only the runs over its own letters.
 fn visible(session: &Session, run: &BulkRun) -> bool {
     session
@@ -181,8 +152,7 @@ async fn asked(
     let filter = form
         .filter(&session)
         .map_err(|e| refuse(StatusCode::BAD_REQUEST, &e))?;
-    let ids = console
-        .actions
+    let ids = resolver(console, &session)
         .matching(&filter)
         .await
         .map_err(|e| refuse(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()))?;
@@ -211,7 +181,7 @@ pub(crate) async fn ask(
         Ok(asked) => asked,
         Err(answer) => return *answer,
     };
-    let described = key(resolution, &filter);
+    let described = run_key(resolution, &filter);
     let body = if ids.is_empty() {
         "<p class=\"note\">No letter waiting for review matches: nothing to do.</p>".to_owned()
     } else {
@@ -244,7 +214,7 @@ pub(crate) async fn ask(
 }
 
 /// `word` with its first letter upper-case.
-pub fn capitalised(word: &str) -> String {
+fn capitalised(word: &str) -> String {
     let mut chars = word.chars();
     chars
         .next()
@@ -269,14 +239,8 @@ pub(crate) async fn start(
         Ok(asked) => asked,
         Err(answer) => return *answer,
     };
-    let run = match runs
-        .start_run(
-            &key(resolution, &filter),
-            resolution,
-            &ids,
-            &who(&session),
-            SystemTime::now(),
-        )
+    let run = match resolver(&console, &session)
+        .start(&*runs, resolution, &filter, &ids)
         .await
     {
         Ok(run) => run,
@@ -307,26 +271,34 @@ async fn settle(console: &Console, id: BulkRunId, session: &Session) -> Result<(
         .await
         .map_err(|e| e.to_string())?
         .ok_or("the run is gone")?;
-    let pause = Duration::from_secs(1) / console.replay_rate.max(1);
-    for letter in run.pending().collect::<Vec<_>>() {
-        let outcome = match act(console, session, letter, run.action).await {
-            Acted::Done => "done".to_owned(),
-            Acted::NotFound => "not found".to_owned(),
-            Acted::Conflict(why) => format!("conflict: {why}"),
-            // The store or the transport failed: stop here, the run resumes from this letter.
-            Acted::Failed(why) => return Err(why),
-        };
-        runs.record_settled(id, letter, &outcome)
-            .await
-            .map_err(|e| e.to_string())?;
-        if run.action == Resolution::Replay {
-            tokio::time::sleep(pause).await;
-        }
-    }
-    runs.finish_run(id, SystemTime::now())
+    let resolver: Resolver = resolver(console, session);
+    let pending: Vec<_> = run.pending().collect();
+    let pace = Duration::from_secs(1) / console.replay_rate.max(1);
+    let mut failure = None;
+    let tally = resolver
+        .settle(
+            run.action,
+            &pending,
+            Some((&*runs, id)),
+            pace,
+            |_, resolved| {
+                // The store or the transport failed: stop here, the run resumes from this letter.
+                if resolved.is_settled() {
+                    ControlFlow::Continue(())
+                } else {
+                    failure = Some(resolved.message().to_owned());
+                    ControlFlow::Break(())
+                }
+            },
+        )
         .await
         .map_err(|e| e.to_string())?;
-    tracing::info!(run = %id, "bulk run finished");
+    if let Some(why) = failure {
+        return Err(why);
+    }
+    if tally.finished {
+        tracing::info!(run = %id, "bulk run finished");
+    }
     Ok(())
 }
 
@@ -472,4 +444,14 @@ pub(crate) async fn runs_page(State(console): Shared, headers: HeaderMap) -> Res
         StatusCode::OK,
         page("Bulk runs", Some(&session.csrf), &body),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_word_is_capitalised_once() {
+        assert_eq!(super::capitalised("replay"), "Replay");
+        assert_eq!(super::capitalised(""), "");
+        assert_eq!(super::capitalised("élan"), "Élan");
+    }
 }

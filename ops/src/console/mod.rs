@@ -6,8 +6,9 @@
 //! letters newest first with filters (status, queue, tenant, kind, a job or correlation id),
 //! counts grouped by queue and by error with what varies stripped, one letter in full (its
 //! envelope, its raw bytes as text or hex), and replays or discards a letter through
-//! [`DeadLetters`], as `jobsctl dead-letters` does; bulk runs over a filter (`bulk.rs`); the
-//! cron tasks and each tenant's freshness tier (`cron.rs`).
+//! [`DeadLetters`], as `jobsctl dead-letters` does ([`crate::bulk`] for both; the pages in
+//! `letters.rs`); bulk runs over a filter (`bulk.rs`); the cron tasks and each tenant's
+//! freshness tier (`cron.rs`).
 //!
 //! Safety: every page but sign-in needs a session, made from a [`ConsoleToken`] of the
 //! configuration (`401` without one); a token scoped to a tenant sees and touches that
@@ -21,32 +22,31 @@ mod auth;
 mod bulk;
 mod cron;
 mod html;
+mod letters;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Form, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
-use jobs_consumers::{DeadLetters, ReplayError};
+use jobs_consumers::DeadLetters;
 use jobs_core::{
-    BulkRuns, CorrelationId, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterStatus,
-    DeadLetterStore, JobId, Kind, QueueDepth, QueueName, QueuePort, Resolution, TenantDirectory,
-    TenantId, Transition,
+    BulkRuns, CorrelationId, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
+    JobId, Kind, QueueDepth, QueueName, QueuePort, TenantDirectory, TenantId,
 };
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::DurationRange;
+use crate::bulk::Resolver;
 
 pub use auth::{ConsoleToken, MIN_SECRET_LEN};
 use auth::{Gate, Session};
-pub use bulk::{capitalised, describe_filter};
 use html::{escape, page, query_value};
 
 /// Letters a list page shows.
@@ -188,10 +188,10 @@ impl Console {
             .route("/login", get(login_form).post(login))
             .route("/logout", post(logout))
             .route("/queues.json", get(queues_json))
-            .route("/letters", get(letters))
-            .route("/letters/{id}", get(letter))
-            .route("/letters/{id}/replay", post(replay))
-            .route("/letters/{id}/discard", post(discard))
+            .route("/letters", get(letters::letters))
+            .route("/letters/{id}", get(letters::letter))
+            .route("/letters/{id}/replay", post(letters::replay))
+            .route("/letters/{id}/discard", post(letters::discard))
             .route("/bulk", post(bulk::ask))
             .route("/bulk/confirm", post(bulk::start))
             .route("/runs", get(bulk::runs_page))
@@ -575,179 +575,10 @@ fn filter_of(query: &ListQuery, session: &Session) -> Result<DeadLetterFilter, S
     Ok(filter)
 }
 
-/// How far back the list's `since` reaches: a hundred years, a time every clock holds.
-const SINCE: DurationRange = DurationRange::up_to(Duration::from_secs(36_500 * 86_400));
-
-/// The letters since `since` (`1h`, `24h`, `7d`: the one duration grammar), newest first,
-/// stop at the first older one.
-fn since_of(query: &ListQuery) -> Result<Option<SystemTime>, String> {
-    let Some(since) = set(&query.since) else {
-        return Ok(None);
-    };
-    let span = SINCE.parse(since).map_err(|e| format!("since {e}"))?;
-    Ok(SystemTime::now().checked_sub(span))
-}
-
 fn time(t: SystemTime) -> String {
     DateTime::<Utc>::from(t)
         .format("%Y-%m-%d %H:%M:%S UTC")
         .to_string()
-}
-
-fn status_badge(status: DeadLetterStatus) -> String {
-    format!(
-        "<span class=\"status status-{s}\">{s}</span>",
-        s = status.as_str()
-    )
-}
-
-async fn letters(
-    State(console): Shared,
-    headers: HeaderMap,
-    Query(query): Query<ListQuery>,
-) -> Response {
-    let Some(session) = console.gate.session(&headers) else {
-        return unauthorised();
-    };
-    let (filter, since) = match (filter_of(&query, &session), since_of(&query)) {
-        (Ok(filter), Ok(since)) => (filter, since),
-        (Err(e), _) | (_, Err(e)) => return problem(StatusCode::BAD_REQUEST, &session, &e),
-    };
-    let mut shown = match console.dead_letters.list(&filter).await {
-        Ok(letters) => letters,
-        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
-    };
-    let full_page = shown.len() == filter.limit as usize;
-    let mut older_hidden = false;
-    if let Some(since) = since {
-        let before = shown.len();
-        shown.retain(|l| l.letter.at >= since);
-        older_hidden = shown.len() < before;
-    }
-    let value = |v: &Option<String>| escape(set(v).unwrap_or(""));
-    let status_options: String = ["", "pending_review", "replayed", "discarded"]
-        .iter()
-        .map(|s| {
-            let selected = if set(&query.status) == Some(*s)
-                || (s.is_empty() && set(&query.status).is_none())
-            {
-                " selected"
-            } else {
-                ""
-            };
-            let label = if s.is_empty() { "any" } else { s };
-            format!("<option value=\"{s}\"{selected}>{label}</option>")
-        })
-        .collect();
-    let mut body = format!(
-        "<form class=\"filters\" method=\"get\" action=\"/letters\">\
-         <label>status <select name=\"status\">{status_options}</select></label>\
-         <label>queue <input name=\"queue\" value=\"{}\"></label>\
-         <label>tenant <input name=\"tenant\" value=\"{}\"{}></label>\
-         <label>kind <input name=\"kind\" value=\"{}\"></label>\
-         <label>since <input name=\"since\" value=\"{}\" placeholder=\"24h\" size=\"5\"></label>\
-         <label>job or correlation id <input name=\"q\" value=\"{}\" size=\"38\"></label>\
-         <button>Filter</button></form>",
-        value(&query.queue),
-        value(&query.tenant),
-        if session.tenant.is_some() {
-            " disabled"
-        } else {
-            ""
-        },
-        value(&query.kind),
-        value(&query.since),
-        value(&query.q),
-    );
-    if console.runs.is_some() && set(&query.q).is_none() && set(&query.since).is_none() {
-        body.push_str(&bulk_forms(&query, &session));
-    }
-    if shown.is_empty() {
-        body.push_str("<p class=\"note\">No dead letter matches.</p>");
-    } else {
-        body.push_str(
-            "<table id=\"letters\"><tr><th>id</th><th>status</th><th>queue</th><th>kind</th>\
-             <th>tenant</th><th>attempts</th><th>dead-lettered</th><th>last error</th></tr>",
-        );
-        for l in &shown {
-            body.push_str(&letter_row(l));
-        }
-        body.push_str("</table>");
-    }
-    if full_page && !older_hidden {
-        if let Some(last) = shown.last() {
-            let mut next = format!("/letters?before={}", last.id.0);
-            for (name, v) in [
-                ("status", &query.status),
-                ("queue", &query.queue),
-                ("tenant", &query.tenant),
-                ("kind", &query.kind),
-                ("since", &query.since),
-                ("q", &query.q),
-            ] {
-                if let Some(v) = set(v) {
-                    next.push_str(&format!("&{name}={}", query_value(v)));
-                }
-            }
-            body.push_str(&format!(
-                "<p><a href=\"{}\">Older letters</a></p>",
-                escape(&next)
-            ));
-        }
-    }
-    html_page(
-        StatusCode::OK,
-        page("Dead letters", Some(&session.csrf), &body),
-    )
-}
-
-/// The list's bulk actions: over the letters waiting for review that its filter matches; each
-/// goes to a confirmation stating the count first.
-fn bulk_forms(query: &ListQuery, session: &Session) -> String {
-    let mut fields = format!(
-        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
-        escape(&session.csrf)
-    );
-    for (name, value) in [
-        ("queue", &query.queue),
-        ("tenant", &query.tenant),
-        ("kind", &query.kind),
-    ] {
-        if let Some(value) = set(value) {
-            fields.push_str(&format!(
-                "<input type=\"hidden\" name=\"{name}\" value=\"{}\">",
-                escape(value)
-            ));
-        }
-    }
-    format!(
-        "<p>Every letter waiting for review that this filter matches: \
-         <form method=\"post\" action=\"/bulk\" class=\"inline\">{fields}\
-         <input type=\"hidden\" name=\"action\" value=\"replay\">\
-         <button id=\"bulk-replay\">Replay all…</button></form>\
-         <form method=\"post\" action=\"/bulk\" class=\"inline\">{fields}\
-         <input type=\"hidden\" name=\"action\" value=\"discard\">\
-         <button id=\"bulk-discard\" class=\"danger\">Discard all…</button></form></p>"
-    )
-}
-
-fn letter_row(letter: &DeadLetter) -> String {
-    let l = &letter.letter;
-    format!(
-        "<tr data-id=\"{id}\"><td><a href=\"/letters/{id}\">{id}</a></td><td>{}</td><td>{}</td>\
-         <td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
-        status_badge(letter.status),
-        escape(l.queue.as_str()),
-        escape(l.kind.as_ref().map_or("-", |k| k.as_str())),
-        escape(
-            &l.tenant_id
-                .map_or_else(|| "-".to_owned(), |t| t.to_string())
-        ),
-        l.attempts,
-        time(l.at),
-        escape(&html::normalise_error(&l.last_error)),
-        id = letter.id.0,
-    )
 }
 
 /// Who a session's changes are recorded as, in the letter's history.
@@ -760,211 +591,7 @@ fn who(session: &Session) -> String {
     }
 }
 
-/// The letter `id` as `session` may see it: another tenant's is no letter at all.
-async fn visible(
-    console: &Console,
-    session: &Session,
-    id: i64,
-) -> Result<DeadLetter, Box<Response>> {
-    match console.dead_letters.get(DeadLetterId(id)).await {
-        Ok(Some(letter))
-            if session
-                .tenant
-                .is_none_or(|t| letter.letter.tenant_id == Some(t)) =>
-        {
-            Ok(letter)
-        }
-        Ok(_) => Err(Box::new(problem(
-            StatusCode::NOT_FOUND,
-            session,
-            &format!("dead letter {id} not found"),
-        ))),
-        Err(e) => Err(Box::new(problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            session,
-            &e.to_string(),
-        ))),
-    }
-}
-
-async fn letter(State(console): Shared, headers: HeaderMap, Path(id): Path<i64>) -> Response {
-    let Some(session) = console.gate.session(&headers) else {
-        return unauthorised();
-    };
-    let letter = match visible(&console, &session, id).await {
-        Ok(letter) => letter,
-        Err(answer) => return *answer,
-    };
-    let l = &letter.letter;
-    let field =
-        |name: &str, value: String| format!("<dt>{}</dt><dd>{}</dd>", escape(name), escape(&value));
-    let mut body = format!("<p>{}</p><dl>", status_badge(letter.status));
-    for (name, value) in [
-        ("queue", l.queue.as_str().to_owned()),
-        (
-            "kind",
-            l.kind.as_ref().map_or("-".into(), |k| k.to_string()),
-        ),
-        ("job id", l.job_id.map_or("-".into(), |j| j.to_string())),
-        ("tenant", l.tenant_id.map_or("-".into(), |t| t.to_string())),
-        (
-            "correlation id",
-            l.correlation_id.map_or("-".into(), |c| c.to_string()),
-        ),
-        (
-            "consumer",
-            l.consumer.as_ref().map_or("-".into(), |c| c.to_string()),
-        ),
-        ("attempts", l.attempts.to_string()),
-        ("dead-lettered", time(l.at)),
-        ("status since", time(letter.updated_at)),
-    ] {
-        body.push_str(&field(name, value));
-    }
-    body.push_str("</dl><h2>Last error</h2>");
-    body.push_str(&format!(
-        "<pre id=\"error\">{}</pre>",
-        escape(&l.last_error)
-    ));
-    match serde_json::from_slice::<serde_json::Value>(&l.payload) {
-        Ok(value) => {
-            let pretty = serde_json::to_string_pretty(&value).unwrap_or_default();
-            body.push_str(&format!(
-                "<h2>Envelope</h2><pre id=\"envelope\">{}</pre>",
-                escape(&pretty)
-            ));
-        }
-        Err(_) => {
-            let (text, shown) = html::raw_bytes(&l.payload);
-            body.push_str(&format!(
-                "<h2>Raw bytes ({} bytes, {})</h2><pre id=\"raw\">{}</pre>",
-                l.payload.len(),
-                if text { "as text" } else { "in hex" },
-                escape(&shown)
-            ));
-        }
-    }
-    body.push_str("<h2>History</h2>");
-    match console.dead_letters.history(letter.id).await {
-        Ok(events) if events.is_empty() => {
-            body.push_str("<p class=\"note\">Dead-lettered; not reviewed yet.</p>");
-        }
-        Ok(events) => {
-            body.push_str("<table id=\"history\"><tr><th>when</th><th>change</th><th>by</th></tr>");
-            for event in events {
-                body.push_str(&format!(
-                    "<tr><td>{}</td><td>{} → {}</td><td>{}</td></tr>",
-                    time(event.at),
-                    event.from.as_str(),
-                    event.to.as_str(),
-                    escape(&event.by)
-                ));
-            }
-            body.push_str("</table>");
-        }
-        Err(e) => body.push_str(&format!(
-            "<p class=\"error\">The history could not be read: {}</p>",
-            escape(&e.to_string())
-        )),
-    }
-    if letter.status == DeadLetterStatus::PendingReview {
-        let csrf = escape(&session.csrf);
-        body.push_str(&format!(
-            "<h2>Put it back</h2>\
-             <form method=\"post\" action=\"/letters/{id}/replay\" class=\"inline\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-             <button id=\"replay\">Replay to {}</button></form>\
-             <form method=\"post\" action=\"/letters/{id}/discard\" class=\"inline\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-             <button id=\"discard\" class=\"danger\">Discard</button></form>",
-            escape(l.queue.as_str()),
-        ));
-    }
-    html_page(
-        StatusCode::OK,
-        page(&format!("Dead letter {id}"), Some(&session.csrf), &body),
-    )
-}
-
-/// What one action on a letter came to.
-enum Acted {
-    Done,
-    NotFound,
-    /// The letter's state refuses it (why).
-    Conflict(String),
-    /// The store or the transport failed (why).
-    Failed(String),
-}
-
-/// `resolution` of letter `id`, as `session` may: recorded as its doing.
-async fn act(
-    console: &Console,
-    session: &Session,
-    id: DeadLetterId,
-    resolution: Resolution,
-) -> Acted {
-    let actions = console.actions.acting_as(who(session));
-    match resolution {
-        Resolution::Replay => match actions.replay(id, session.tenant).await {
-            Ok(_) => Acted::Done,
-            Err(ReplayError::NotFound(_)) => Acted::NotFound,
-            Err(e @ (ReplayError::Conflict { .. } | ReplayError::NotAnEnvelope { .. })) => {
-                Acted::Conflict(e.to_string())
-            }
-            Err(e) => Acted::Failed(e.to_string()),
-        },
-        Resolution::Discard => match actions.discard(id, session.tenant).await {
-            Ok(Transition::Done | Transition::AlreadyDone) => Acted::Done,
-            Ok(Transition::NotFound) => Acted::NotFound,
-            Ok(Transition::Conflict(status)) => Acted::Conflict(format!(
-                "dead letter {id} is {status}; only pending_review letters can be discarded"
-            )),
-            Err(e) => Acted::Failed(e.to_string()),
-        },
-    }
-}
-
-/// A POST of `resolution` on letter `id`: done, it goes back to the letter's page.
-async fn resolve(
-    console: &Console,
-    headers: &HeaderMap,
-    id: i64,
-    csrf: &str,
-    resolution: Resolution,
-) -> Response {
-    let session = match authorised_post(console, headers, csrf) {
-        Ok(session) => session,
-        Err(refused) => return *refused,
-    };
-    match act(console, &session, DeadLetterId(id), resolution).await {
-        Acted::Done => {
-            tracing::info!(dead_letter = id, tenant = ?session.tenant, ?resolution, "resolved from the console");
-            redirect(&format!("/letters/{id}"))
-        }
-        Acted::NotFound => problem(
-            StatusCode::NOT_FOUND,
-            &session,
-            &format!("dead letter {id} not found"),
-        ),
-        Acted::Conflict(why) => problem(StatusCode::CONFLICT, &session, &why),
-        Acted::Failed(why) => problem(StatusCode::SERVICE_UNAVAILABLE, &session, &why),
-    }
-}
-
-async fn replay(
-    State(console): Shared,
-    headers: HeaderMap,
-    Path(id): Path<i64>,
-    Form(form): Form<Csrf>,
-) -> Response {
-    resolve(&console, &headers, id, &form.csrf, Resolution::Replay).await
-}
-
-async fn discard(
-    State(console): Shared,
-    headers: HeaderMap,
-    Path(id): Path<i64>,
-    Form(form): Form<Csrf>,
-) -> Response {
-    resolve(&console, &headers, id, &form.csrf, Resolution::Discard).await
+/// Who acts for `session`: as it (in the letters' history), within its tenant's letters.
+fn resolver(console: &Console, session: &Session) -> Resolver {
+    Resolver::new(&console.actions, who(session), session.tenant)
 }
