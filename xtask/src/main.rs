@@ -203,6 +203,31 @@ impl fmt::Display for Cmd {
     }
 }
 
+/// `jobs-ops` with no feature: the in-process defaults only.
+const FEATURES_NONE: Cmd = Cmd::new(&[
+    "clippy",
+    "--package",
+    "jobs-ops",
+    "--lib",
+    "--no-default-features",
+    "--",
+    "-D",
+    "warnings",
+]);
+/// `jobs-ops` with one adapter's feature, as a module binary on PostgreSQL builds it.
+const FEATURES_POSTGRES: Cmd = Cmd::new(&[
+    "clippy",
+    "--package",
+    "jobs-ops",
+    "--lib",
+    "--no-default-features",
+    "--features",
+    "postgres",
+    "--",
+    "-D",
+    "warnings",
+]);
+
 const SCHEMA_ARGS: &[&str] = &["test", "--quiet", "-p", "jobs-core", "--test", "schema"];
 const SCHEMA_CHECK: Cmd = Cmd::new(SCHEMA_ARGS);
 const SCHEMA_UPDATE: Cmd = Cmd {
@@ -284,22 +309,9 @@ fn plan(nextest: bool) -> Vec<Step> {
             }],
         ),
         run("schema", &[SCHEMA_CHECK]),
-        // The library a module binary links, with one adapter: it must build on its own.
-        run(
-            "features",
-            &[Cmd::new(&[
-                "clippy",
-                "--package",
-                "jobs-ops",
-                "--lib",
-                "--no-default-features",
-                "--features",
-                "postgres",
-                "--",
-                "-D",
-                "warnings",
-            ])],
-        ),
+        // The library a module binary links, with no adapter and with one: each must build
+        // on its own (jobsctl, with every adapter, is the workspace's clippy above).
+        run("features", &[FEATURES_NONE, FEATURES_POSTGRES]),
         run(
             "test",
             &[
@@ -552,6 +564,18 @@ mod tests {
             [
                 "cargo test --workspace --all-features",
                 "cargo test --workspace --all-features --doc",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_library_builds_with_no_adapter_and_with_one() {
+        assert_eq!(
+            commands(true, "features"),
+            [
+                "cargo clippy --package jobs-ops --lib --no-default-features -- -D warnings",
+                "cargo clippy --package jobs-ops --lib --no-default-features --features postgres \
+                 -- -D warnings",
             ]
         );
     }

@@ -1,5 +1,6 @@
-//! What a module binary links: no test kit or mocks in any library's normal dependencies, and
-//! only the adapters it enables when it depends on `jobs-ops` with one adapter's feature.
+//! What a module binary links: no test kit or mocks in any library's normal dependencies;
+//! `jobs-ops` with no feature links no adapter but the in-process one, and with one adapter's
+//! feature only that adapter besides.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -11,14 +12,16 @@ use crate::workspace::Package;
 /// Crates only tests and benchmarks may link.
 const TEST_ONLY: &[&str] = &["proptest", "mockall", "jobs-testkit"];
 
-/// The packages allowed to link them: the test kit itself, the benches and the automation.
-const MAY_LINK_TESTS: &[&str] = &["jobs-testkit", "jobs-bench", "xtask"];
+/// The packages allowed to link them: the test kit itself, the benches, the automation, and
+/// `jobsctl`, whose demo runs the test kit's fakes in process.
+const MAY_LINK_TESTS: &[&str] = &["jobs-testkit", "jobs-bench", "xtask", "jobsctl"];
 
 /// The in-process adapter every composition keeps (the embedded default).
 const ALWAYS: &str = "jobs-adapter-memory";
 
 /// One message per package whose normal dependencies (default features off) link a test-only
-/// crate, and for `jobs-ops` with only its `postgres` feature, one per other adapter linked.
+/// crate; for `jobs-ops` with no feature, one per adapter linked but the in-process one; and
+/// for `jobs-ops` with only its `postgres` feature, one per other adapter linked.
 pub(crate) fn problems(root: &Path, packages: &[Package]) -> Result<Vec<String>> {
     let mut found = vec![];
     for package in packages {
@@ -27,10 +30,13 @@ pub(crate) fn problems(root: &Path, packages: &[Package]) -> Result<Vec<String>>
         }
         let tree = normal_tree(root, &package.name, &[])?;
         found.extend(test_only(&package.name, "", &tree));
+        if package.name == "jobs-ops" {
+            found.extend(other_adapters(&tree, None));
+        }
     }
     let ops = normal_tree(root, "jobs-ops", &["postgres"])?;
     found.extend(test_only("jobs-ops", " --features postgres", &ops));
-    found.extend(other_adapters(&ops, "jobs-adapter-postgres"));
+    found.extend(other_adapters(&ops, Some("postgres")));
     Ok(found)
 }
 
@@ -90,13 +96,22 @@ fn test_only(package: &str, features: &str, tree: &[String]) -> Vec<String> {
         .collect()
 }
 
-fn other_adapters(tree: &[String], enabled: &str) -> Vec<String> {
+/// One message per adapter in `jobs-ops`' tree built with only the feature `enabled` (or
+/// none) but that feature's adapter and the in-process one.
+fn other_adapters(tree: &[String], enabled: Option<&str>) -> Vec<String> {
+    let own = enabled.map(|feature| format!("jobs-adapter-{feature}"));
+    let built = match enabled {
+        Some(feature) => format!("with only its {feature} feature"),
+        None => "with no feature".to_owned(),
+    };
     tree.iter()
-        .filter(|name| name.starts_with("jobs-adapter-") && *name != enabled && *name != ALWAYS)
+        .filter(|name| name.starts_with("jobs-adapter-") && *name != ALWAYS)
+        .filter(|name| own.as_deref() != Some(name.as_str()))
         .map(|name| {
             format!(
-                "packaging: jobs-ops with only its postgres feature links {name}; an adapter \
-                 must come only with its own feature"
+                "packaging: jobs-ops {built} links {name} (cargo tree -e normal \
+                 --no-default-features -p jobs-ops); an adapter must come only with its own \
+                 feature"
             )
         })
         .collect()
@@ -115,13 +130,24 @@ mod tests {
         let tests = test_only("jobs-ops", "", &tree);
         assert_eq!(tests.len(), 1, "{tests:?}");
         assert!(tests[0].contains("jobs-ops links mockall"), "{tests:?}");
-        let adapters = other_adapters(&tree, "jobs-adapter-postgres");
+        let adapters = other_adapters(&tree, Some("postgres"));
         assert_eq!(adapters.len(), 1, "{adapters:?}");
         assert!(
-            adapters[0].contains("links jobs-adapter-redis"),
+            adapters[0].contains("with only its postgres feature links jobs-adapter-redis"),
             "{adapters:?}"
+        );
+        let bare = other_adapters(&tree, None);
+        assert_eq!(bare.len(), 2, "{bare:?}");
+        assert!(
+            bare.iter()
+                .all(|m| m.contains("jobs-ops with no feature links")),
+            "{bare:?}"
         );
         let clean = crate_names("jobs-core v0.1.0\nserde v1.0.0\n");
         assert!(test_only("jobs-core", "", &clean).is_empty());
+        let testkit = crate_names("jobs-ops v0.1.0\njobs-testkit v0.1.0 (/w/testkit)\n");
+        assert_eq!(test_only("jobs-ops", "", &testkit).len(), 1);
+        let memory_only = crate_names("jobs-ops v0.1.0\njobs-adapter-memory v0.1.0 (/w)\n");
+        assert!(other_adapters(&memory_only, None).is_empty());
     }
 }
