@@ -6,7 +6,7 @@
 //! Run it against a database you can write to (it creates `core.*` and `booked_invoices`):
 //!
 //! ```sh
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/scratch cargo run -p jobs-ops --example postgres_handler
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/scratch cargo run -p jobs-ops --features postgres --example postgres_handler
 //! ```
 
 use std::sync::Arc;

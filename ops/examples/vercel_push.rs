@@ -2,7 +2,7 @@
 //! message, the route feeds the worker runtime, and answers as Vercel expects.
 //!
 //! ```text
-//! VERCEL_REGION=iad1 VERCEL_OIDC_TOKEN=… cargo run -p jobs-ops --example vercel_push
+//! VERCEL_REGION=iad1 VERCEL_OIDC_TOKEN=… cargo run -p jobs-ops --features sqlite,vercel-queues --example vercel_push
 //! ```
 //!
 //! `VERCEL_QUEUES_URL` points the adapter at an emulator instead (e.g. the one

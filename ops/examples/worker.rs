@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! export DATABASE_URL=postgres://postgres@127.0.0.1:5432/scratch
-//! cargo run -p jobs-ops -- migrate && cargo run -p jobs-ops --example worker
+//! cargo run -p jobsctl -- migrate && cargo run -p jobs-ops --features postgres --example worker
 //! ```
 
 use async_trait::async_trait;
