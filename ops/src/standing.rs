@@ -1,6 +1,6 @@
 //! The standard's long-lived processes: the cron scheduler's ticks and the outbox relay, each
 //! a loop that runs until told to stop. A worker process runs them where its configuration
-//! asks ([`CRON`](crate::compose::CRON), [`OUTBOX_RELAY`](crate::compose::OUTBOX_RELAY));
+//! asks ([`CRON`](crate::config::CRON), [`OUTBOX_RELAY`](crate::config::OUTBOX_RELAY));
 //! `jobsctl cron run` and `jobsctl outbox relay` run them alone.
 
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! **Precedence:** a command-line flag, else the environment variable, else the key in the
 //! configuration file (`--config PATH` / `JOBS_CONFIG`, else `./jobs.toml` when present), else
 //! the default. [`KEYS`] lists every key; [`Config`] is every key resolved. This module knows
-//! no adapter: [`crate::compose`] builds the ports from a [`Config`].
+//! no adapter: the composition root (`compose`) builds the ports from a [`Config`].
 
 mod duration;
 mod keys;

@@ -9,30 +9,35 @@
 //! in-flight jobs finish within [`SHUTDOWN_GRACE`](crate::config::SHUTDOWN_GRACE), what was fetched and not started is given
 //! back, and [`WorkerProcess::run`] returns `Ok`. A second signal exits at once.
 //!
+//! A binary names the store its handlers are typed for (`WorkerProcess::<PgStore>`, with the
+//! `postgres` feature; `ops/examples/worker.rs` is a whole one); here, any:
+//!
 //! ```no_run
 //! use async_trait::async_trait;
-//! use jobs_adapter_postgres::{PgStore, PgWorkTx};
 //! use jobs_consumers::{Handler, Job, JobError};
-//! use jobs_ops::process::WorkerProcess;
+//! use jobs_ops::process::{ProcessError, ProcessStore, WorkerProcess};
 //!
 //! struct Noop;
 //!
 //! #[async_trait]
-//! impl Handler<PgWorkTx> for Noop {
+//! impl<Tx: Send + 'static> Handler<Tx> for Noop {
 //!     type Data = serde_json::Value;
-//!     async fn handle(&self, _: Job<serde_json::Value>, _: &mut PgWorkTx) -> Result<(), JobError> {
+//!     async fn handle(&self, _: Job<serde_json::Value>, _: &mut Tx) -> Result<(), JobError> {
 //!         Ok(())
 //!     }
 //! }
 //!
-//! # async fn run() -> Result<(), jobs_ops::process::ProcessError> {
-//! WorkerProcess::<PgStore>::from_env()
-//!     .queue("billing.invoices", "billing.booker", |worker| {
-//!         worker.handler("billing.invoice_issued".parse().expect("a kind"), Noop)
-//!     })
-//!     .run()
-//!     .await
-//! # }
+//! async fn run<S: ProcessStore>() -> Result<(), ProcessError>
+//! where
+//!     S::Tx: Send,
+//! {
+//!     WorkerProcess::<S>::from_env()
+//!         .queue("billing.invoices", "billing.booker", |worker| {
+//!             worker.handler("billing.invoice_issued".parse().expect("a kind"), Noop)
+//!         })
+//!         .run()
+//!         .await
+//! }
 //! ```
 //!
 //! ## Endpoints
