@@ -238,14 +238,12 @@ async fn drain(pool: &PgPool, policy: Policy, backlog: u64) -> Result<Drain> {
     let mut config = WorkerConfig::default();
     config.concurrency = CONCURRENCY;
     let shared = Arc::new(queue.clone());
-    let mut builder = Worker::builder(
+    let mut builder = Worker::grouped_builder(
         ConsumerName::from_str("bench.consumer")?,
         name.clone(),
-        shared.clone(),
-        Arc::new(store.clone()),
+        shared,
         Arc::new(store.clone()),
     )
-    .grouped(shared)
     .handler(
         KIND.parse()?,
         Work {

@@ -439,14 +439,12 @@ fn worker<H: Handler<PgWorkTx>>(
     let policy = QueuePolicy::new(name.clone(), fast, "a benchmark: retries at once")?;
     let queue = Arc::new(queue.clone());
     Ok(Arc::new(
-        Worker::builder(
+        Worker::grouped_builder(
             ConsumerName::from_str(CONSUMER)?,
             name,
-            queue.clone(),
-            Arc::new(store.clone()),
+            queue,
             Arc::new(store.clone()),
         )
-        .grouped(queue)
         .handler(KIND.parse()?, handler)
         .policy(policy)
         .config(config)

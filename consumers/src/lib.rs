@@ -8,16 +8,27 @@
 //! permanent failures are dead-lettered, alerted (coalesced) and acked; a failure to record the
 //! dead letter leaves the message unacked, so nothing is lost.
 //!
+//! The crate's map: `worker` (the [`Worker`], its builder and configuration, the per-job loop)
+//! and `grouped` (the grouped loop, for a queue in the store's own database) drive
+//! deliveries; both borrow `delivery`'s context (triage, a handler within its time limit, one
+//! job's work transaction, settlement through the transport, dead letters, metrics) and
+//! `lifecycle` (heartbeat, reaping, the drain at shutdown), and apply the one decision of
+//! `verdict` on what becomes of a delivery. `handler` is what users implement; `retry`,
+//! `alerts`, `throttle`, `cleanup` and `dead_letters` are the policies and tools around it.
+//!
 //! This crate depends on `jobs-core` only: transports, stores and alerters are chosen by the
 //! composition root.
 
 mod alerts;
 mod cleanup;
 mod dead_letters;
-mod group;
+mod delivery;
+mod grouped;
 mod handler;
+mod lifecycle;
 mod retry;
 mod throttle;
+mod verdict;
 mod worker;
 
 pub use alerts::{ALERT_BUFFER, CoalescingAlerter, ConsoleAlerter};
@@ -26,8 +37,8 @@ pub use cleanup::{
 };
 pub use dead_letters::{DeadLetters, ReplayError, Replayed};
 pub use handler::{BoxError, Cancellation, Handler, Job, JobError};
+pub use lifecycle::Drained;
 pub use retry::{Backoff, MAX_BACKOFF, PolicyError, QueuePolicy, RetryPolicy};
 pub use throttle::{MAX_TOKEN_WAIT, Throttled};
-pub use worker::{
-    DeadReason, Drained, MAX_GROUP_SIZE, Outcome, Worker, WorkerBuilder, WorkerConfig, WorkerError,
-};
+pub use verdict::{DeadReason, Outcome};
+pub use worker::{MAX_GROUP_SIZE, Worker, WorkerBuilder, WorkerConfig, WorkerError};

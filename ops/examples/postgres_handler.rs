@@ -60,14 +60,12 @@ async fn main() -> Result<()> {
 
     let queue = Arc::new(PgQueue::new(pool));
     let name: QueueName = "billing.invoices".parse()?;
-    let worker = Worker::builder(
+    let worker = Worker::grouped_builder(
         ConsumerName::try_from("billing.booker")?,
         name.clone(),
         queue.clone(),
         Arc::new(store.clone()),
-        Arc::new(store.clone()),
     )
-    .grouped(queue.clone())
     .handler("billing.invoice_issued".parse()?, BookInvoice)
     .config(config)
     .build()?;

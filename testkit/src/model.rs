@@ -677,11 +677,14 @@ impl<S: WorkStore> SettleInTransaction<MutantStore<S>> for GroupWire<S> {
     }
 }
 
-/// How a case's worker is built beyond the common parts: as it is, or grouped.
+/// How a case's worker starts to be built, from its consumer, queue, wire and store: per job
+/// over the wire, or grouped over the queue the setup gave.
 type Shape<S> = Box<
     dyn FnOnce(
-        WorkerBuilder<MutantStore<S>>,
+        ConsumerName,
+        QueueName,
         Arc<Wire>,
+        Arc<MutantStore<S>>,
         Arc<GroupStats>,
     ) -> WorkerBuilder<MutantStore<S>>,
 >;
@@ -761,13 +764,6 @@ where
             others_refused: others_refused.clone(),
         };
         let name: QueueName = QUEUE.parse().expect("valid");
-        let builder = Worker::builder(
-            ConsumerName::try_from("model.consumer").expect("valid"),
-            name.clone(),
-            transport.clone(),
-            Arc::new(mutant_store.clone()),
-            Arc::new(mutant_store),
-        );
         let handler = ModelHandler {
             scripts: scripts.clone(),
             log: log.clone(),
@@ -775,7 +771,15 @@ where
             effects: backend.effects.clone(),
             clock: clock.clone(),
         };
-        let builder = shape(builder, transport.clone(), stats);
+        let consumer = ConsumerName::try_from("model.consumer").expect("valid");
+        let store_of_worker = Arc::new(mutant_store);
+        let builder = shape(
+            consumer,
+            name.clone(),
+            transport.clone(),
+            store_of_worker,
+            stats,
+        );
         let kind = KIND.parse().expect("valid");
         let builder = if rerunnable {
             builder.handler(kind, Rerunnable(handler))
@@ -1251,7 +1255,9 @@ where
         let setup = setup();
         Box::pin(async move {
             let (backend, transport) = setup.await;
-            let shape: Shape<S> = Box::new(|builder, _, _| builder);
+            let shape: Shape<S> = Box::new(|consumer, queue, wire, store, _| {
+                Worker::builder(consumer, queue, wire, store.clone(), store)
+            });
             (backend, transport, shape)
         })
     }
@@ -1270,12 +1276,13 @@ where
         let setup = setup();
         Box::pin(async move {
             let (backend, transport, queue) = setup.await;
-            let shape: Shape<S> = Box::new(move |builder, wire, stats| {
-                builder.grouped(Arc::new(GroupWire {
+            let shape: Shape<S> = Box::new(move |consumer, name, wire, store, stats| {
+                let queue = Arc::new(GroupWire {
                     wire,
                     inner: queue,
                     stats,
-                }))
+                });
+                Worker::grouped_builder(consumer, name, queue, store)
             });
             (backend, transport, shape)
         })

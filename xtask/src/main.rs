@@ -23,7 +23,7 @@ const USAGE: &str = "\
 Usage: cargo xtask <command>
 
 Commands:
-  ci      run every CI check in order: fmt, deps, adr, packaging, services, emulators, clippy,
+  ci      run every CI check in order: fmt, deps, modules, adr, packaging, services, emulators, clippy,
           schema, features, test, conformance (the vendors' Node SDKs against the fakes),
           browser (the console in Chromium), mutants (those of the last commit), doc
   schema  regenerate the committed JSON schema of jobs-core from the code
@@ -37,8 +37,8 @@ Commands:
           mutation testing of the runtime and the semantics crates (pinned cargo-mutants,
           installed when missing): every mutant, or with --in-diff those of lines changed since
           BASE (default HEAD~1); survivors fail unless xtask/equivalent-mutants.txt explains them
-  modules two modules of one crate, neither inside the other, that refer to each other (not
-          yet a CI step)
+  modules two modules of one crate, neither inside the other, that refer to each other (a CI
+          step: the dependency between them must run one way)
   help    print this message
 ";
 
@@ -276,6 +276,7 @@ fn plan(nextest: bool) -> Vec<Step> {
     vec![
         run("fmt", &[Cmd::new(&["fmt", "--all", "--", "--check"])]),
         check("deps", |root| Ok(deps::violations(&workspace::load(root)?))),
+        check("modules", modules::problems),
         check("adr", |root| {
             Ok(adr::violations(&workspace::load(root)?, &adr::load(root)?))
         }),
@@ -525,6 +526,7 @@ mod tests {
             [
                 "fmt",
                 "deps",
+                "modules",
                 "adr",
                 "packaging",
                 "services",

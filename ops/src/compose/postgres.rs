@@ -80,7 +80,7 @@ async fn queue(url: &str) -> Result<Queue, ComposeError> {
     }
 }
 
-/// The store and queue of a grouped PostgreSQL worker (`WorkerBuilder::grouped`): the
+/// The store and queue of a grouped PostgreSQL worker (`Worker::grouped_builder`): the
 /// PostgreSQL queue in [`DATABASE_URL`]'s own database, on the store's pool, sized for
 /// `worker` ([`WorkerConfig::connections`]: one connection per concurrent group, plus
 /// fetching, settlements outside a transaction and the wake-up listener). The schema must be

@@ -19,7 +19,7 @@ impl ProcessStore for PgStore {
 
     /// The store on one pool of `connections`, and, unless [`QUEUE_URL`] names another
     /// transport, the PostgreSQL queue in its own database on that pool, grouped
-    /// (`WorkerBuilder::grouped`).
+    /// (`Worker::grouped_builder`).
     async fn open(config: &Config, connections: u32) -> Result<Opened<PgStore>, ProcessError> {
         let url = config.require(&DATABASE_URL)?;
         let timeout = compose::connect_timeout(config)?;
@@ -82,8 +82,7 @@ async fn grouped(store: &PgStore) -> Result<Transport<PgStore>, ProcessError> {
     let grouped = queue.clone();
     Ok(Transport {
         builder: Box::new(move |name, queue_name| {
-            Worker::builder_on(name, queue_name, grouped.clone(), shared.clone())
-                .grouped(grouped.clone())
+            Worker::grouped_builder(name, queue_name, grouped.clone(), shared.clone())
         }),
         transport: "the PostgreSQL queue in the store's database (grouped)".to_owned(),
         publisher: queue.clone(),

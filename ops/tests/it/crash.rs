@@ -101,14 +101,12 @@ async fn work(url: &str, stop: impl Future<Output = ()> + Send) {
         "a crash test: retries come back at once",
     )
     .expect("has a rationale");
-    let worker = Worker::builder(
+    let worker = Worker::grouped_builder(
         ConsumerName::try_from("crash.worker").expect("valid"),
         name,
-        queue.clone(),
-        Arc::new(store.clone()),
+        queue,
         Arc::new(store),
     )
-    .grouped(queue)
     .handler(KIND.parse().expect("valid"), Effect)
     .policy(policy)
     .config(config)

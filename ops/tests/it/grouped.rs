@@ -153,14 +153,12 @@ impl Fixture {
         Q: SettleInTransaction<PgStore> + PullPort + 'static,
         H: Handler<PgWorkTx>,
     {
-        Worker::builder(
+        Worker::grouped_builder(
             ConsumerName::try_from("test.grouped").expect("valid"),
             self.name.clone(),
-            queue.clone(),
-            Arc::new(self.store.clone()),
+            queue,
             Arc::new(self.store.clone()),
         )
-        .grouped(queue)
         .handler(KIND.parse().expect("valid"), handler)
         .clock(Arc::new(self.clock.clone()))
         .config(config)
@@ -169,17 +167,15 @@ impl Fixture {
 
     /// A builder of the fixture's worker over its queue, grouped or per job.
     fn builder(&self, grouped: bool) -> jobs_consumers::WorkerBuilder<PgStore> {
-        let queue = Arc::new(self.queue.clone());
-        let builder = Worker::builder_on(
+        let (consumer, queue) = (
             ConsumerName::try_from("test.grouped").expect("valid"),
-            self.name.clone(),
-            queue.clone(),
-            Arc::new(self.store.clone()),
+            Arc::new(self.queue.clone()),
         );
+        let store = Arc::new(self.store.clone());
         if grouped {
-            builder.grouped(queue)
+            Worker::grouped_builder(consumer, self.name.clone(), queue, store)
         } else {
-            builder
+            Worker::builder_on(consumer, self.name.clone(), queue, store)
         }
     }
 
@@ -521,14 +517,12 @@ async fn compose_gives_a_grouped_worker_one_pool_sized_for_it() {
         "12 groups and 3 more"
     );
     let queue = Arc::new(queue);
-    let worker = Worker::builder(
+    let worker = Worker::grouped_builder(
         ConsumerName::try_from("test.grouped").expect("valid"),
         f.name.clone(),
-        queue.clone(),
-        Arc::new(store.clone()),
+        queue,
         Arc::new(store),
     )
-    .grouped(queue)
     .handler(KIND.parse().expect("valid"), f.handler.clone())
     .config(cfg)
     .build();
@@ -554,14 +548,12 @@ async fn behind_the_transactional_first_gate_a_pg_queue_still_runs_grouped() {
         gate,
     ));
     // The gate is the worker's pull side; the queue itself settles, in the transaction.
-    let worker = Worker::builder(
+    let worker = Worker::grouped_builder(
         ConsumerName::try_from("test.grouped").expect("valid"),
         f.name.clone(),
         Arc::new(f.queue.clone()),
         Arc::new(f.store.clone()),
-        Arc::new(f.store.clone()),
     )
-    .grouped(Arc::new(f.queue.clone()))
     .pull(gated)
     .handler(KIND.parse().expect("valid"), f.handler.clone())
     .clock(Arc::new(f.clock.clone()))
@@ -698,14 +690,12 @@ async fn a_worker_whose_connections_are_killed_drains_each_job_once() {
         .await
         .expect("connect");
     let queue = Arc::new(PgQueue::new(store.pool().clone()));
-    let worker = Worker::builder(
+    let worker = Worker::grouped_builder(
         ConsumerName::try_from("test.grouped").expect("valid"),
         f.name.clone(),
-        queue.clone(),
-        Arc::new(store.clone()),
+        queue,
         Arc::new(store.clone()),
     )
-    .grouped(queue)
     .handler(KIND.parse().expect("valid"), f.handler.clone())
     // A handler whose statement the kill fails says retry: soon, for the test.
     .policy(

@@ -340,9 +340,20 @@ fn the_readme_shows_the_example_as_it_is_and_lists_every_metric_the_runtime_emit
     );
 
     let metric = regex::Regex::new(r#""(jobs_[a-z_]+_(?:total|seconds))""#).expect("a regex");
-    let sources = std::fs::read_dir(root().join("consumers/src")).expect("consumers/src");
-    for source in sources {
-        let path = source.expect("an entry").path();
+    let mut folders = vec![root().join("consumers/src")];
+    let mut sources = Vec::new();
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("a folder of consumers/src") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                folders.push(path);
+            } else {
+                sources.push(path);
+            }
+        }
+    }
+    assert!(sources.len() > 10, "the runtime's sources: {sources:?}");
+    for path in sources {
         let text = std::fs::read_to_string(&path).expect("a source file");
         for name in metric.captures_iter(&text) {
             let row = format!("| `{}` |", &name[1]);

@@ -1060,14 +1060,13 @@ fn grouped(
     jobs: QueueName,
     handler: impl jobs_testkit::runtime::Handler<PgWorkTx>,
 ) -> jobs_testkit::runtime::WorkerBuilder<PgStore> {
-    jobs_testkit::runtime::Worker::builder_on(
+    jobs_testkit::runtime::Worker::grouped_builder(
         ConsumerName::try_from("test.grouped").expect("valid"),
         jobs,
-        queue.clone(),
+        queue,
         Arc::new(store.clone()),
     )
     .handler("test.job".parse().expect("valid"), handler)
-    .grouped(queue)
 }
 
 /// A handler with nothing to do, for workers a test only builds.
@@ -1297,19 +1296,16 @@ async fn groups_fit_the_transactions_checkpoint_budget() {
             (32, 32),
             "the given-back jobs left no claim and no effect"
         );
-        assert_eq!(worker.next_group_size(), 32, "one more than the budget");
-
-        // The 8 and 12 more: a group of 20 takes 19 checkpoints, more than half the budget,
-        // and the size stays.
-        publish_counted(&queue, &jobs, 40, 52).await;
+        // The next groups hold one job more than the budget: the 8 given back and 32 more
+        // run as a group of 32 (31 checkpoints, none to spare) and one of 8, all processed.
+        publish_counted(&queue, &jobs, 40, 72).await;
         let outcomes = worker.run_once().await.expect("run");
-        assert_eq!(outcomes_of(&outcomes), (20, 0), "{outcomes:?}");
-        assert_eq!(worker.next_group_size(), 32);
-        // A group of 8 takes 7: the groups grow back, up to `group_size`.
-        publish_counted(&queue, &jobs, 52, 60).await;
+        assert_eq!(outcomes_of(&outcomes), (40, 0), "{outcomes:?}");
+        // The group of 8 took 7 checkpoints, at most half the budget: the groups grew back
+        // to `group_size`, so 40 jobs are one group again, which runs out at 32.
+        publish_counted(&queue, &jobs, 72, 112).await;
         let outcomes = worker.run_once().await.expect("run");
-        assert_eq!(outcomes_of(&outcomes), (8, 0), "{outcomes:?}");
-        assert_eq!(worker.next_group_size(), 48);
+        assert_eq!(outcomes_of(&outcomes), (32, 8), "{outcomes:?}");
         let runs = run_twice(&store).await;
         assert!(runs.is_empty(), "jobs run twice: {runs:?}");
     })
@@ -1423,7 +1419,7 @@ fn a_grouped_worker_counts_each_job_once_by_outcome_and_kind() {
                 .expect("create the effects table");
             let queue = Arc::new(PgQueue::new(store.pool().clone()));
             let jobs = name("grouped.counted");
-            let worker = jobs_testkit::runtime::Worker::builder_on(
+            let worker = jobs_testkit::runtime::Worker::grouped_builder(
                 ConsumerName::try_from("test.counted").expect("valid"),
                 jobs.clone(),
                 queue.clone(),
@@ -1431,7 +1427,6 @@ fn a_grouped_worker_counts_each_job_once_by_outcome_and_kind() {
             )
             .handler("test.a".parse().expect("valid"), Counts)
             .handler("test.b".parse().expect("valid"), Counts)
-            .grouped(queue.clone())
             .build()
             .expect("valid");
             let job = |kind, n, fail| {

@@ -1,5 +1,4 @@
-//! Grouped consumption: several jobs in one work transaction that also settles them, for a
-//! queue kept in the store's own database ([`SettleInTransaction`]).
+//! One group to its commit: several jobs in one work transaction that also settles them.
 //!
 //! One group is one transaction on one connection: hold the group's leases, claim its jobs,
 //! run each job's handler, settle them all in one statement and commit once. A job that fails
@@ -11,12 +10,12 @@
 //!
 //! A group whose every job is [`RERUNNABLE`](crate::Handler::RERUNNABLE) is optimistic: it
 //! takes a checkpoint only every so many jobs that wrote, spaced by how often jobs failed
-//! after writing lately ([`Worker::checkpoint_every`]; none while they did not), and a failure
+//! after writing lately ([`Sizing::checkpoint_every`]; none while they did not), and a failure
 //! goes back to the last one and runs again the jobs whose writes went with it.
 //!
 //! When a failed job has no checkpoint to go back to (it was the first to write, or the group
 //! is optimistic and took none), the group rolls back and makes another pass in a new
-//! transaction: the claims again, the jobs whose outcome is known settled as decided, and only
+//! transaction: the claims again, the jobs whose verdict is known settled as decided, and only
 //! the jobs that have to run again run (ones that never ran, and rerunnable ones whose writes
 //! were rolled back), now with a checkpoint before each; an optimistic group makes up to two
 //! more optimistic passes first, each a failure shorter. A conflict with another transaction
@@ -24,63 +23,29 @@
 //! again one by one, without spending an attempt.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Instant, SystemTime};
+// tokio's clock: the same as the system's, but paused with a test's time, so that group
+// sizing by the handlers' time is tested without waiting.
+use tokio::time::Instant;
 
-use futures_util::future::BoxFuture;
 use jobs_core::{
     Claim, Delivery, GroupTransaction, JobId, Kind, Lease, Recorded, SettleInTransaction,
     Settlement, StoreError, WorkStore, WorkTransaction,
 };
 use tracing::Instrument;
 
-use crate::handler::{Canceller, JobError, Prepared};
-use crate::retry::Backoff;
-use crate::worker::{
-    Counted, DeadReason, Outcome, Ready, Salvage, Worker, ready_bounded, run_bounded,
+use super::sizing::Sizing;
+use crate::delivery::{
+    Context, Counted, Ready, Salvage, Tally, ready_bounded, run_bounded, will_retry,
 };
+use crate::handler::{Canceller, Prepared};
+use crate::retry::random_unit;
+use crate::verdict::{DeadReason, Outcome, Tried, Verdict, verdict};
 
 /// How many passes a group of rerunnable jobs makes without checkpoints before a careful one:
 /// each pass costs the group's jobs again, a careful one a round trip per job (and it may run
 /// out of checkpoints and give jobs back).
 const OPTIMISTIC_PASSES: usize = 3;
-
-/// The grouped mode of a worker, with the queue's type erased: built by
-/// [`WorkerBuilder::grouped`](crate::WorkerBuilder::grouped) where the bounds are known.
-pub(crate) trait Groups<S: WorkStore>: Send + Sync {
-    /// Why the queue cannot join `store`'s transactions, if it cannot.
-    fn check(&self, store: &S) -> Result<(), String>;
-
-    /// Processes one group (see [`next_group`](crate::worker::next_group)) to the end.
-    fn run<'a>(
-        &'a self,
-        worker: &'a Worker<S>,
-        group: Vec<Delivery>,
-    ) -> BoxFuture<'a, Vec<Outcome>>;
-}
-
-/// [`Groups`] over the queue `Q`.
-pub(crate) struct GroupsOf<Q>(pub(crate) Arc<Q>);
-
-impl<S, Q> Groups<S> for GroupsOf<Q>
-where
-    S: WorkStore,
-    S::Tx: GroupTransaction,
-    Q: SettleInTransaction<S> + 'static,
-{
-    fn check(&self, store: &S) -> Result<(), String> {
-        self.0.shares_transactions_with(store)
-    }
-
-    fn run<'a>(
-        &'a self,
-        worker: &'a Worker<S>,
-        group: Vec<Delivery>,
-    ) -> BoxFuture<'a, Vec<Outcome>> {
-        Box::pin(worker.process_group(&*self.0, group))
-    }
-}
 
 /// A job of a group.
 struct Member<Tx: Send> {
@@ -96,43 +61,15 @@ struct Member<Tx: Send> {
     index: usize,
     /// The prepared handler call, until it runs.
     prepared: Option<Box<dyn Prepared<Tx>>>,
-    /// What it became in this transaction, once known.
-    decided: Option<Decided>,
+    /// What becomes of it, once its try in this transaction is known; settled at the commit.
+    verdict: Option<Verdict>,
+    /// Its handler wrote: a processed job whose writes an undo takes must run again.
+    wrote: bool,
+    /// Its dead letter as the latest pass recorded it (a pass after a rollback records it
+    /// again).
+    recorded: Option<Recorded>,
     /// Its lease was lost before the group held it.
     lost: bool,
-}
-
-/// What a job of a group became, settled when the group commits.
-#[derive(Clone)]
-enum Decided {
-    /// Its handler committed; `wrote` says whether it wrote anything.
-    Processed {
-        wrote: bool,
-    },
-    /// Settled before (processed, or dead-lettered): acked without running.
-    Duplicate,
-    Retrying(SystemTime),
-    Deferred(SystemTime),
-    /// Dead-lettered in the group's transaction.
-    DeadLettered {
-        reason: DeadReason,
-        error: String,
-        /// The letter as recorded, by the latest pass (a pass after a rollback records it
-        /// again).
-        recorded: Option<Recorded>,
-    },
-}
-
-impl Decided {
-    fn settlement(&self) -> Settlement {
-        match self {
-            Decided::Retrying(at) => Settlement::RetryAt(*at),
-            Decided::Deferred(until) => Settlement::Defer(*until),
-            Decided::Processed { .. } | Decided::Duplicate | Decided::DeadLettered { .. } => {
-                Settlement::Ack
-            }
-        }
-    }
 }
 
 /// Why a pass of a group did not reach its commit.
@@ -154,58 +91,78 @@ impl From<StoreError> for Stop {
     }
 }
 
-impl<S: WorkStore> Worker<S>
+/// How a verdict settles its delivery inside the group's transaction; `None` for one that
+/// settles nothing (a lost lease, which a group never holds).
+fn settlement(verdict: &Verdict) -> Option<Settlement> {
+    match verdict {
+        Verdict::Processed | Verdict::Duplicate | Verdict::DeadLetter { .. } => {
+            Some(Settlement::Ack)
+        }
+        Verdict::RetryAt { at, .. } => Some(Settlement::RetryAt(*at)),
+        Verdict::DeferUntil(until) | Verdict::GiveBack { until, .. } => {
+            Some(Settlement::Defer(*until))
+        }
+        Verdict::Unsettled => None,
+    }
+}
+
+/// A group's run over one queue: the worker's context, its group sizing and the queue that
+/// settles inside the store's transactions.
+pub(crate) struct Group<'a, S: WorkStore, Q: ?Sized> {
+    pub(crate) ctx: &'a Context<S>,
+    pub(crate) sizing: &'a Sizing,
+    pub(crate) queue: &'a Q,
+}
+
+impl<S, Q> Group<'_, S, Q>
 where
-    S::Tx: Send,
+    S: WorkStore,
+    S::Tx: GroupTransaction + Send,
+    Q: SettleInTransaction<S> + ?Sized,
 {
-    /// Processes `group` in one work transaction settled through `queue`, and says what
+    /// Processes `group` in one work transaction settled through the queue, and says what
     /// became of each delivery, in the group's order. Deliveries no handler can run (poison,
-    /// an unknown kind) settle on their own first, through the transport ([`Worker::rejected`]).
-    pub(crate) async fn process_group<Q>(&self, queue: &Q, group: Vec<Delivery>) -> Vec<Outcome>
-    where
-        Q: SettleInTransaction<S> + ?Sized,
-        S::Tx: GroupTransaction,
-    {
+    /// an unknown kind) settle on their own first, through the transport.
+    pub(crate) async fn process(&self, group: Vec<Delivery>) -> Vec<Outcome> {
+        let ctx = self.ctx;
         let mut outcomes: Vec<Option<Outcome>> = vec![None; group.len()];
         let mut members = Vec::with_capacity(group.len());
         for (index, delivery) in group.into_iter().enumerate() {
-            let triaged = self.triage(&delivery);
-            let span = self.job_span(Ready::salvage_of(&triaged));
+            let triaged = ctx.triage(&delivery);
+            let span = ctx.job_span(Ready::salvage_of(&triaged));
             match triaged {
-                Ok(Ready {
-                    prepared,
-                    salvage,
-                    kind,
-                    job_id,
-                    rerunnable,
-                    cancel,
-                }) => members.push(Member {
+                Ok(ready) => members.push(Member {
                     delivery,
-                    salvage,
-                    kind,
-                    job_id,
+                    salvage: ready.salvage,
+                    kind: ready.kind,
+                    job_id: ready.job_id,
                     span,
-                    rerunnable,
-                    cancel,
+                    rerunnable: ready.rerunnable,
+                    cancel: ready.cancel,
                     index,
-                    prepared: Some(prepared),
-                    decided: None,
+                    prepared: Some(ready.prepared),
+                    verdict: None,
+                    wrote: false,
+                    recorded: None,
                     lost: false,
                 }),
                 Err(reject) => {
-                    let outcome = self.rejected(&delivery, reject).instrument(span).await;
-                    outcomes[index] = Some(outcome);
+                    let tried = Tried::Rejected {
+                        reason: reject.reason,
+                        error: reject.error,
+                    };
+                    let concluded = ctx.conclude(&delivery, reject.salvage, tried);
+                    outcomes[index] = Some(concluded.instrument(span).await);
                 }
             }
         }
         let members = self.ready_members(members, &mut outcomes).await;
         if !members.is_empty() {
-            for (index, outcome) in self.commit_group(queue, members).await {
+            for (index, outcome) in self.commit(members).await {
                 outcomes[index] = Some(outcome);
             }
         }
-        outcomes
-            .into_iter()
+        (outcomes.into_iter())
             .map(|o| {
                 o.unwrap_or_else(|| Outcome::Unsettled {
                     error: "not settled by its group".to_owned(),
@@ -223,6 +180,7 @@ where
         members: Vec<Member<S::Tx>>,
         outcomes: &mut [Option<Outcome>],
     ) -> Vec<Member<S::Tx>> {
+        let ctx = self.ctx;
         // Most handlers are ready at once: each readiness is polled once here, and only the
         // ones still waiting are awaited together.
         let mut readiness = Vec::with_capacity(members.len());
@@ -230,7 +188,7 @@ where
         for (i, member) in members.iter().enumerate() {
             let prepared = member.prepared.as_deref().expect("prepared until it runs");
             let mut ready = Box::pin(
-                ready_bounded(prepared, self.time_limit(&member.kind), &member.cancel)
+                ready_bounded(prepared, ctx.time_limit(&member.kind), &member.cancel)
                     .instrument(member.span.clone()),
             );
             let first = std::future::poll_fn(|cx| Poll::Ready(ready.as_mut().poll(cx))).await;
@@ -245,19 +203,16 @@ where
         for (i, result) in futures_util::future::join_all(waiting).await {
             readiness[i] = Some(result);
         }
-        let readiness = readiness
-            .into_iter()
-            .map(|result| result.expect("every readiness was awaited"));
+        let readiness =
+            (readiness.into_iter()).map(|result| result.expect("every readiness was awaited"));
         let mut ready = Vec::with_capacity(members.len());
         for (member, readiness) in members.into_iter().zip(readiness) {
             match readiness {
                 Ok(()) => ready.push(member),
                 Err(error) => {
-                    let outcome = self
-                        .settle_failure(&member.delivery, member.salvage, &member.kind, error)
-                        .instrument(member.span)
-                        .await;
-                    outcomes[member.index] = Some(outcome);
+                    let concluded =
+                        ctx.conclude(&member.delivery, member.salvage, Tried::Failed(error));
+                    outcomes[member.index] = Some(concluded.instrument(member.span).await);
                 }
             }
         }
@@ -267,15 +222,8 @@ where
     /// Runs the members in a transaction and commits it, in another pass when one could not
     /// undo a failure; on a conflict, runs them again one by one on the per-job path (their
     /// leases still hold, so no attempt is spent).
-    async fn commit_group<Q>(
-        &self,
-        queue: &Q,
-        mut members: Vec<Member<S::Tx>>,
-    ) -> Vec<(usize, Outcome)>
-    where
-        Q: SettleInTransaction<S> + ?Sized,
-        S::Tx: GroupTransaction,
-    {
+    async fn commit(&self, mut members: Vec<Member<S::Tx>>) -> Vec<(usize, Outcome)> {
+        let ctx = self.ctx;
         // A group of jobs that may all run again starts optimistic, and stays so for a few
         // passes, each running again the jobs whose writes the last one rolled back (a failure
         // is decided once and not run again, so each pass runs fewer); then, as any other
@@ -283,25 +231,21 @@ where
         let mut careful = !members.iter().all(|m| m.rerunnable);
         let (mut second, mut passes) = (false, 0);
         // Every statement of the group's transaction is bounded by its longest time limit.
-        let limit = members
-            .iter()
-            .map(|member| self.time_limit(&member.kind))
+        let limit = (members.iter())
+            .map(|member| ctx.time_limit(&member.kind))
             .max()
-            .unwrap_or(self.config.handler_timeout);
+            .unwrap_or(ctx.limits.handler_timeout);
         let stop = loop {
             passes += 1;
-            let mut tx = match self.store.begin_within(limit).await {
+            let mut tx = match ctx.store.begin_within(limit).await {
                 Ok(tx) => tx,
                 Err(e) => return self.unavailable(members, &e).await,
             };
-            match self
-                .pass(queue, &mut tx, &mut members, careful, second)
-                .await
-            {
+            match self.pass(&mut tx, &mut members, careful, second).await {
                 Ok(()) => match tx.commit().await {
                     Ok(()) => {
-                        self.store_works();
-                        return self.announce(members).await;
+                        ctx.store_works();
+                        return self.announce(members);
                     }
                     // Whether it committed is unknown; the redeliveries' claims will tell.
                     Err(e) => break Stop::from(e),
@@ -312,7 +256,7 @@ where
                     }
                     match stop {
                         Stop::Again if !second => {
-                            self.forget_rolled_back(&mut members);
+                            forget_rolled_back(&mut members);
                             if careful || passes >= OPTIMISTIC_PASSES {
                                 (careful, second) = (true, true);
                             }
@@ -327,42 +271,37 @@ where
         };
         match stop {
             Stop::Conflict(e) => {
-                tracing::warn!(queue = %self.queue(), error = %e, "a group lost a conflict; its jobs run again one by one");
+                tracing::warn!(queue = %ctx.queue, error = %e, "a group lost a conflict; its jobs run again one by one");
                 let mut outcomes = Vec::with_capacity(members.len());
                 for member in members {
-                    outcomes.push((member.index, self.process(member.delivery).await));
+                    outcomes.push((member.index, ctx.process(member.delivery).await));
                 }
                 outcomes
             }
-            Stop::Failed(error) => self.abandon(members, &error),
-            Stop::Again => self.abandon(members, "a careful pass could not undo a job"),
+            Stop::Failed(error) => abandon(ctx, members, &error),
+            Stop::Again => abandon(ctx, members, "a careful pass could not undo a job"),
         }
     }
 
     /// One pass of a group in `tx`: hold, claim, run what has to run, settle. `careful` takes a
     /// checkpoint before a job whenever a handler wrote since the last (otherwise every job is
-    /// rerunnable, and checkpoints are as far apart as [`Worker::checkpoint_every`] says);
+    /// rerunnable, and checkpoints are as far apart as [`Sizing::checkpoint_every`] says);
     /// `second` takes one before the first job to run as well, so nothing of this pass can
     /// need another.
-    async fn pass<Q>(
+    async fn pass(
         &self,
-        queue: &Q,
         tx: &mut S::Tx,
         members: &mut [Member<S::Tx>],
         careful: bool,
         second: bool,
-    ) -> Result<(), Stop>
-    where
-        Q: SettleInTransaction<S> + ?Sized,
-        S::Tx: GroupTransaction,
-    {
+    ) -> Result<(), Stop> {
+        let ctx = self.ctx;
         let live: Vec<usize> = (0..members.len()).filter(|&i| !members[i].lost).collect();
-        let deliveries: Vec<(&Lease, JobId)> = live
-            .iter()
+        let deliveries: Vec<(&Lease, JobId)> = (live.iter())
             .map(|&i| (&members[i].delivery.lease, members[i].job_id))
             .collect();
-        let claims = queue
-            .hold_and_claim(tx, &deliveries, &self.consumer, self.clock.now())
+        let claims = (self.queue)
+            .hold_and_claim(tx, &deliveries, &ctx.consumer, ctx.clock.now())
             .await?;
         let mut live_claims = Vec::with_capacity(live.len());
         for (&i, claim) in live.iter().zip(claims) {
@@ -381,7 +320,7 @@ where
                 queued.push_back(i);
             } else {
                 // Settled before: processed, or dead-lettered (a replay releases the claim).
-                members[i].decided = Some(Decided::Duplicate);
+                members[i].verdict = Some(Verdict::Duplicate);
             }
         }
         // A handler wrote since the last checkpoint (the runtime's own writes, a released claim
@@ -395,7 +334,7 @@ where
         let every = if careful {
             None
         } else {
-            self.checkpoint_every()
+            self.sizing.checkpoint_every()
         };
         // The jobs done since the last checkpoint, and how many of them wrote.
         let (mut since, mut wrote_since) = (Vec::new(), 0usize);
@@ -403,10 +342,10 @@ where
         let mut given_back = Vec::new();
         while let Some(i) = queued.pop_front() {
             let member = &mut members[i];
-            if member.decided.is_some() {
+            if member.verdict.is_some() {
                 // Decided before (in a pass or before an undo): its store actions again, its
                 // handler not.
-                self.redo(tx, member).await?;
+                redo(ctx, tx, member).await?;
                 since.push(i);
                 continue;
             }
@@ -418,7 +357,7 @@ where
                     (since, wrote_since) = (Vec::new(), 0);
                 } else if careful {
                     // Out of checkpoints: it waits for another group, its attempt unspent.
-                    member.decided = Some(Decided::Deferred(self.clock.now()));
+                    member.verdict = Some(Verdict::DeferUntil(ctx.clock.now()));
                     given_back.push(member.job_id);
                     continue;
                 }
@@ -426,7 +365,7 @@ where
             let prepared = match member.prepared.take() {
                 Some(prepared) => prepared,
                 // Rolled back before: prepared anew.
-                None => match self.triage(&member.delivery) {
+                None => match ctx.triage(&member.delivery) {
                     Ok(ready) => {
                         member.cancel = ready.cancel;
                         ready.prepared
@@ -435,16 +374,19 @@ where
                 },
             };
             let started = Instant::now();
-            let limit = self.time_limit(&member.kind);
+            let limit = ctx.time_limit(&member.kind);
             let result = run_bounded(prepared, tx, limit, &member.cancel)
                 .instrument(member.span.clone())
                 .await;
-            self.timed(&member.kind, started);
+            let elapsed = started.elapsed();
+            ctx.timed(&member.kind, elapsed);
+            self.sizing.timed(elapsed);
             let wrote = tx.take_touched();
-            self.count_undo(wrote && result.is_err());
+            self.sizing.count_undo(wrote && result.is_err());
+            member.wrote = wrote;
             let error = match result {
                 Ok(()) => {
-                    member.decided = Some(Decided::Processed { wrote });
+                    member.verdict = Some(Verdict::Processed);
                     dirty |= wrote;
                     wrote_since += usize::from(wrote);
                     since.push(i);
@@ -452,7 +394,24 @@ where
                 }
                 Err(error) => error,
             };
-            member.decided = Some(self.failed(member, error));
+            let attempt = member.delivery.attempt;
+            let decided = verdict(
+                Tried::Failed(error),
+                attempt,
+                &ctx.policy,
+                ctx.clock.now(),
+                random_unit,
+            );
+            if let Verdict::RetryAt {
+                delay,
+                cause,
+                error,
+                ..
+            } = &decided
+            {
+                (member.span).in_scope(|| will_retry(attempt, *delay, *cause, error));
+            }
+            member.verdict = Some(decided);
             if wrote {
                 if !checkpointed {
                     // Nothing to go back to that keeps the others' writes.
@@ -463,132 +422,58 @@ where
                 // again (rerunnable: a careful pass checkpoints after every write, so it never
                 // undoes one), the others' store actions are redone.
                 for j in since.drain(..).rev() {
-                    if let Some(Decided::Processed { wrote: true }) = members[j].decided {
-                        debug_assert!(members[j].rerunnable, "a careful pass undid a write");
-                        members[j].decided = None;
+                    let undone = &mut members[j];
+                    if undone.wrote && undone.verdict == Some(Verdict::Processed) {
+                        debug_assert!(undone.rerunnable, "a careful pass undid a write");
+                        undone.verdict = None;
                     }
                     queued.push_front(j);
                 }
                 (dirty, wrote_since) = (false, 0);
             }
-            self.redo(tx, &mut members[i]).await?;
+            redo(ctx, tx, &mut members[i]).await?;
             since.push(i);
         }
         if !given_back.is_empty() {
-            tx.unclaim_all(&given_back, &self.consumer).await?;
+            tx.unclaim_all(&given_back, &ctx.consumer).await?;
         }
-        self.fit_groups(checkpoints, budget, !given_back.is_empty());
-        let settlements: Vec<(&Delivery, Settlement)> = live
-            .iter()
+        if let Some(size) = self.sizing.fit(checkpoints, budget, !given_back.is_empty()) {
+            tracing::debug!(queue = %ctx.queue, size, "a group ran out of checkpoints; the next groups are smaller");
+        }
+        let settlements: Vec<(&Delivery, Settlement)> = (live.iter())
             .filter_map(|&i| {
                 let member = &members[i];
-                let decided = member.decided.as_ref()?;
-                Some((&member.delivery, decided.settlement()))
+                Some((&member.delivery, settlement(member.verdict.as_ref()?)?))
             })
             .collect();
-        queue.settle(tx, &settlements).await?;
+        self.queue.settle(tx, &settlements).await?;
         Ok(())
     }
 
-    /// What a failed job becomes, by the policy: retried, deferred, or dead-lettered.
-    fn failed(&self, member: &Member<S::Tx>, error: JobError) -> Decided {
-        match error {
-            JobError::Defer { until } => Decided::Deferred(until),
-            JobError::Retry(e) => match self.policy.after_failure(member.delivery.attempt) {
-                Backoff::RetryIn(delay) => {
-                    member.span.in_scope(|| {
-                        let attempt = member.delivery.attempt;
-                        tracing::warn!(attempt, error = %e, retry_in = ?delay, "job failed; will retry");
-                    });
-                    Decided::Retrying(self.clock.now() + delay)
-                }
-                Backoff::Exhausted => Decided::DeadLettered {
-                    reason: DeadReason::Exhausted,
-                    error: e.to_string(),
-                    recorded: None,
-                },
-            },
-            JobError::Permanent(e) => Decided::DeadLettered {
-                reason: DeadReason::Permanent,
-                error: e.to_string(),
-                recorded: None,
-            },
-        }
-    }
-
-    /// The store's side of a decided job in this transaction: a failed job's claim released
-    /// for a retry or a deferral, or its dead letter recorded (the claim stays: they commit
-    /// together).
-    async fn redo(&self, tx: &mut S::Tx, member: &mut Member<S::Tx>) -> Result<(), StoreError>
-    where
-        S::Tx: GroupTransaction,
-    {
-        match &mut member.decided {
-            Some(Decided::Retrying(_) | Decided::Deferred(_)) => {
-                tx.unclaim(member.job_id, &self.consumer).await?;
-            }
-            Some(Decided::DeadLettered {
-                error, recorded, ..
-            }) => {
-                let letter = self.letter(&member.delivery, &member.salvage, error.clone());
-                *recorded = Some(tx.record_dead_letter(letter).await?);
-            }
-            Some(Decided::Processed { .. } | Decided::Duplicate) | None => {}
-        }
-        Ok(())
-    }
-
-    /// After a pass rolled back: the jobs whose writes went with it run again (rerunnable: a
-    /// careful pass rolls back only when its failing job was the first to write); the others'
-    /// store actions, dead letters included, are redone by the next pass.
-    fn forget_rolled_back(&self, members: &mut [Member<S::Tx>]) {
-        for member in members {
-            if let Some(Decided::Processed { wrote: true }) = member.decided {
-                debug_assert!(member.rerunnable, "a rollback took a careful pass's write");
-                member.decided = None;
-            }
-        }
-    }
-
-    /// The store could not begin a transaction: every member is deferred, no attempt spent.
+    /// The store could not begin a transaction: every member is given back, no attempt spent.
     async fn unavailable(
         &self,
         members: Vec<Member<S::Tx>>,
         error: &StoreError,
     ) -> Vec<(usize, Outcome)> {
+        let ctx = self.ctx;
         let mut outcomes = Vec::with_capacity(members.len());
         for member in members {
-            let outcome = self
-                .store_unavailable(&member.delivery, error)
-                .instrument(member.span)
-                .await;
-            outcomes.push((member.index, outcome));
+            let tried = ctx.store_unavailable(error);
+            let concluded = ctx.conclude(&member.delivery, member.salvage, tried);
+            outcomes.push((member.index, concluded.instrument(member.span).await));
         }
         outcomes
     }
 
-    /// The group did not commit: every member stays leased and comes back.
-    fn abandon(&self, members: Vec<Member<S::Tx>>, error: &str) -> Vec<(usize, Outcome)> {
-        tracing::warn!(queue = %self.queue(), error = %error, "a group did not commit; its jobs come back after their leases");
-        members
-            .into_iter()
-            .map(|member| {
-                member
-                    .span
-                    .in_scope(|| tracing::debug!("the group did not commit"));
-                let error = format!("the group did not commit: {error}");
-                (member.index, Outcome::Unsettled { error })
-            })
-            .collect()
-    }
-
     /// After the commit: the outcomes, with their metrics, logs and alerts.
-    async fn announce(&self, members: Vec<Member<S::Tx>>) -> Vec<(usize, Outcome)> {
+    fn announce(&self, members: Vec<Member<S::Tx>>) -> Vec<(usize, Outcome)> {
+        let ctx = self.ctx;
         let mut outcomes = Vec::with_capacity(members.len());
         let mut tally = Tally::default();
         for member in members {
             let kind = &member.kind;
-            let outcome = match member.decided {
+            let outcome = match member.verdict {
                 _ if member.lost => {
                     member.span.in_scope(|| {
                         tracing::warn!(
@@ -599,29 +484,30 @@ where
                         error: "the lease was lost before the group held it".to_owned(),
                     }
                 }
-                Some(Decided::Processed { .. }) => {
+                Some(Verdict::Processed) => {
                     tally.add(Counted::Processed, kind);
                     Outcome::Processed
                 }
-                Some(Decided::Duplicate) => {
+                Some(Verdict::Duplicate) => {
                     tally.add(Counted::Duplicate, kind);
                     Outcome::Duplicate
                 }
-                Some(Decided::Retrying(at)) => {
-                    tally.add(Counted::Retried, kind);
+                Some(Verdict::RetryAt { at, cause, .. }) => {
+                    match cause {
+                        DeadReason::UnknownKind => ctx.count_unknown_kind_retried(),
+                        _ => tally.add(Counted::Retried, kind),
+                    }
                     Outcome::Retrying { at }
                 }
-                Some(Decided::Deferred(until)) => Outcome::Deferred { until },
-                Some(Decided::DeadLettered {
-                    reason,
-                    error,
-                    recorded: Some(recorded),
-                }) => {
+                Some(Verdict::DeferUntil(until) | Verdict::GiveBack { until, .. }) => {
+                    Outcome::Deferred { until }
+                }
+                Some(Verdict::DeadLetter { reason, error }) if member.recorded.is_some() => {
+                    let recorded = member.recorded.expect("checked");
                     if let Recorded::New(_) = recorded {
                         let attempt = member.delivery.attempt;
-                        self.announce_dead(Some(kind), attempt, reason, &error)
-                            .instrument(member.span.clone())
-                            .await;
+                        (member.span)
+                            .in_scope(|| ctx.announce_dead(Some(kind), attempt, reason, &error));
                     }
                     Outcome::DeadLettered {
                         id: recorded.id(),
@@ -630,7 +516,7 @@ where
                 }
                 // A committed group decided every job it held; should one slip through, its
                 // lease expires and it comes back.
-                Some(Decided::DeadLettered { recorded: None, .. }) | None => {
+                Some(Verdict::DeadLetter { .. } | Verdict::Unsettled) | None => {
                     member.span.in_scope(|| {
                         tracing::error!("a job of a committed group was not settled");
                     });
@@ -639,27 +525,63 @@ where
                     }
                 }
             };
-            member
-                .span
-                .in_scope(|| tracing::debug!(?outcome, "delivery settled"));
+            (member.span).in_scope(|| tracing::debug!(?outcome, "delivery settled"));
             outcomes.push((member.index, outcome));
         }
-        for (name, kind, n) in tally.0 {
-            self.count_n(name, &kind, n);
-        }
+        ctx.count_tally(tally);
         outcomes
     }
 }
 
-/// A group's counts per counter and kind, so that each is incremented once per group.
-#[derive(Default)]
-struct Tally(Vec<(Counted, Kind, u64)>);
+/// The store's side of a decided job in this transaction: a failed job's claim released for
+/// a retry or a deferral, or its dead letter recorded (the claim stays: they commit
+/// together).
+async fn redo<S>(
+    ctx: &Context<S>,
+    tx: &mut S::Tx,
+    member: &mut Member<S::Tx>,
+) -> Result<(), StoreError>
+where
+    S: WorkStore,
+    S::Tx: GroupTransaction + Send,
+{
+    match &member.verdict {
+        Some(Verdict::RetryAt { .. } | Verdict::DeferUntil(_) | Verdict::GiveBack { .. }) => {
+            tx.unclaim(member.job_id, &ctx.consumer).await?;
+        }
+        Some(Verdict::DeadLetter { error, .. }) => {
+            let letter = ctx.letter(&member.delivery, &member.salvage, error.clone());
+            member.recorded = Some(tx.record_dead_letter(letter).await?);
+        }
+        Some(Verdict::Processed | Verdict::Duplicate | Verdict::Unsettled) | None => {}
+    }
+    Ok(())
+}
 
-impl Tally {
-    fn add(&mut self, name: Counted, kind: &Kind) {
-        match (self.0.iter_mut()).find(|(n, k, _)| *n == name && k == kind) {
-            Some((_, _, count)) => *count += 1,
-            None => self.0.push((name, kind.clone(), 1)),
+/// After a pass rolled back: the jobs whose writes went with it run again (rerunnable: a
+/// careful pass rolls back only when its failing job was the first to write); the others'
+/// store actions, dead letters included, are redone by the next pass.
+fn forget_rolled_back<Tx: Send>(members: &mut [Member<Tx>]) {
+    for member in members {
+        if member.wrote && member.verdict == Some(Verdict::Processed) {
+            debug_assert!(member.rerunnable, "a rollback took a careful pass's write");
+            member.verdict = None;
         }
     }
+}
+
+/// The group did not commit: every member stays leased and comes back.
+fn abandon<S: WorkStore, Tx: Send>(
+    ctx: &Context<S>,
+    members: Vec<Member<Tx>>,
+    error: &str,
+) -> Vec<(usize, Outcome)> {
+    tracing::warn!(queue = %ctx.queue, error = %error, "a group did not commit; its jobs come back after their leases");
+    (members.into_iter())
+        .map(|member| {
+            (member.span).in_scope(|| tracing::debug!("the group did not commit"));
+            let error = format!("the group did not commit: {error}");
+            (member.index, Outcome::Unsettled { error })
+        })
+        .collect()
 }
