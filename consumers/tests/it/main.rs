@@ -3,6 +3,7 @@
 mod alerts;
 mod cleanup;
 mod dead_letters;
+mod grouped;
 mod harness;
 mod liveness;
 mod model;

@@ -1,0 +1,246 @@
+//! The grouped runtime on the memory queue and store, with time paused: the test kit's
+//! grouped suite, and what the loop does while a suspect job waits to run alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryWorkTx};
+use jobs_consumers::{Handler, Job, JobError, Worker};
+use jobs_core::{
+    ConsumerName, Delivery, Lease, ManualClock, PublishOptions, PullPort, QueueError, QueueName,
+    QueuePort, SettleInTransaction, SettlePort, Settlement, StoreError,
+};
+use serde::Deserialize;
+
+const QUEUE: &str = "test.grouped";
+const KIND: &str = "test.sleeps";
+
+#[derive(Deserialize)]
+struct Nap {
+    n: u64,
+    /// How long the handler takes, in seconds (of paused time).
+    secs: u64,
+}
+
+/// Takes the seconds its job says, then records its number as an effect.
+struct Sleeps;
+
+#[async_trait]
+impl Handler<MemoryWorkTx> for Sleeps {
+    type Data = Nap;
+
+    async fn handle(&self, job: Job<Nap>, tx: &mut MemoryWorkTx) -> Result<(), JobError> {
+        tokio::time::sleep(Duration::from_secs(job.envelope.data.secs)).await;
+        tx.record_effect(job.envelope.data.n.to_string());
+        Ok(())
+    }
+}
+
+/// A memory queue whose settlement inside the transaction panics for a group holding job 1:
+/// a transport's bug inside a grouped task.
+struct PanicsOnSettle(MemoryQueue);
+
+#[async_trait]
+impl PullPort for PanicsOnSettle {
+    async fn receive(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        self.0.receive(queue, max, lease).await
+    }
+}
+
+#[async_trait]
+impl SettlePort for PanicsOnSettle {
+    async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
+        self.0.ack(lease).await
+    }
+
+    async fn retry_at(&self, lease: &Lease, at: std::time::SystemTime) -> Result<(), QueueError> {
+        self.0.retry_at(lease, at).await
+    }
+
+    async fn defer(&self, lease: &Lease, until: std::time::SystemTime) -> Result<(), QueueError> {
+        self.0.defer(lease, until).await
+    }
+
+    async fn extend(&self, lease: &Lease, by: Duration) -> Result<Lease, QueueError> {
+        self.0.extend(lease, by).await
+    }
+}
+
+#[async_trait]
+impl SettleInTransaction<MemoryStore> for PanicsOnSettle {
+    fn shares_transactions_with(&self, store: &MemoryStore) -> Result<(), String> {
+        self.0.shares_transactions_with(store)
+    }
+
+    async fn hold(
+        &self,
+        tx: &mut MemoryWorkTx,
+        leases: &[&Lease],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.0.hold(tx, leases).await
+    }
+
+    async fn settle(
+        &self,
+        tx: &mut MemoryWorkTx,
+        settlements: &[(&Delivery, Settlement)],
+    ) -> Result<(), StoreError> {
+        let first = |(delivery, _): &&(&Delivery, Settlement)| {
+            let data: serde_json::Value = serde_json::from_slice(&delivery.payload).expect("a job");
+            data["data"]["n"] == 1
+        };
+        if settlements.iter().any(|s| first(&s)) {
+            panic!("the queue's settlement is broken");
+        }
+        self.0.settle(tx, settlements).await
+    }
+}
+
+/// The memory pair on a manual clock, with job 0 leased by a worker that died on it: its
+/// lease runs out once the clock moves a minute on. Jobs `1..=neighbours` (taking `secs`
+/// each) are published before its lease ran out, so a worker fetches them first.
+async fn a_suspect_behind(neighbours: u64, secs: u64) -> (MemoryQueue, MemoryStore, ManualClock) {
+    let clock = ManualClock::default();
+    let queue = MemoryQueue::new(Arc::new(clock.clone()));
+    let name: QueueName = QUEUE.parse().expect("valid");
+    let publish = |n: u64, secs: u64| {
+        let envelope = jobs_testkit::fixtures::envelope_with(
+            1,
+            KIND,
+            serde_json::json!({ "n": n, "secs": secs }),
+        );
+        let (queue, name) = (queue.clone(), name.clone());
+        async move {
+            (queue
+                .publish(&name, &envelope, PublishOptions::default())
+                .await)
+                .expect("publish");
+        }
+    };
+    publish(0, 0).await;
+    let taken = queue.receive(&name, 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        taken.expect("receive").len(),
+        1,
+        "job 0 leased, never settled"
+    );
+    for n in 1..=neighbours {
+        publish(n, secs).await;
+    }
+    clock.advance(Duration::from_secs(61));
+    (queue, MemoryStore::default(), clock)
+}
+
+/// Waits (in paused time) until `store` holds `n` effects.
+async fn effects(store: &MemoryStore, n: usize) {
+    for _ in 0..100_000 {
+        if store.effects().len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{n} effects: {:?}", store.effects());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_running_a_suspect_job_alone_is_not_reported_stuck() {
+    // Three neighbours of 50 s each: the suspect waits for them about 100 s (two groups run
+    // at once), longer than a loop may go without turning (71 s by default).
+    let (queue, store, clock) = a_suspect_behind(3, 50).await;
+    let worker = Arc::new(
+        Worker::grouped_builder(
+            ConsumerName::try_from("test.consumer").expect("valid"),
+            QUEUE.parse().expect("valid"),
+            Arc::new(queue),
+            Arc::new(store.clone()),
+        )
+        .handler(KIND.parse().expect("valid"), Sleeps)
+        .clock(Arc::new(clock))
+        .group_time(Duration::from_secs(3_600))
+        .build()
+        .expect("valid"),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.clone().run(async {
+        let _ = stopped.await;
+    }));
+    let mut longest = Duration::ZERO;
+    while store.effects().len() < 4 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        longest = longest.max(worker.stuck().unwrap_or_default());
+    }
+    assert_eq!(
+        longest,
+        Duration::ZERO,
+        "a loop waiting for the suspect's neighbours, then for the suspect, is not stuck"
+    );
+    let mut done = store.effects();
+    done.sort();
+    assert_eq!(done, ["0", "1", "2", "3"]);
+    stop.send(()).expect("running");
+    running.await.expect("stops");
+}
+
+#[test]
+fn a_panic_in_a_grouped_task_while_a_suspect_waits_is_logged_and_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            // Job 1 runs for 10 s, then its group's settlement panics while the suspect
+            // (job 0) waits for it.
+            let (queue, store, clock) = a_suspect_behind(1, 10).await;
+            let worker = Arc::new(
+                Worker::grouped_builder(
+                    ConsumerName::try_from("test.consumer").expect("valid"),
+                    QUEUE.parse().expect("valid"),
+                    Arc::new(PanicsOnSettle(queue)),
+                    Arc::new(store.clone()),
+                )
+                .handler(KIND.parse().expect("valid"), Sleeps)
+                .clock(Arc::new(clock))
+                .build()
+                .expect("valid"),
+            );
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let running = tokio::spawn(worker.run(async {
+                let _ = stopped.await;
+            }));
+            effects(&store, 1).await;
+            assert_eq!(
+                store.effects(),
+                ["0"],
+                "the suspect ran; job 1's group did not commit"
+            );
+            stop.send(()).expect("running");
+            running.await.expect("the loop itself survives");
+        });
+    });
+    let panics: Vec<(Vec<String>, u64)> = (snapshotter.snapshot().into_vec().into_iter())
+        .filter(|(key, ..)| key.key().name() == "jobs_task_panics_total")
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) => Some((
+                key.key().labels().map(|l| l.value().to_owned()).collect(),
+                n,
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        panics,
+        [(vec![QUEUE.to_owned()], 1)],
+        "counted once, by queue"
+    );
+}
