@@ -10,9 +10,8 @@
 //!
 //! - [`faults`]: ports that fail on cue, e.g. a worker dying between commit and ack.
 //! - [`model`]: model-based property tests of the worker runtime, for any store.
-//! - [`runtime`]: the worker runtime itself (`jobs-consumers`), for an adapter's tests that
-//!   drive a worker over their own transport and store (ADR 0001: an adapter's tests reach the
-//!   runtime through the test kit only).
+//! - [`grouped`]: the grouped runtime's behaviour suite, for any queue that settles inside
+//!   its store's transactions.
 //!
 //! This crate depends on `jobs-core` and `jobs-consumers`, never on an adapter, so that an
 //! adapter can dev-depend on it without two copies of its own types in one test build.
@@ -22,9 +21,8 @@ pub mod emulators;
 pub mod fakes;
 pub mod faults;
 pub mod fixtures;
+pub mod grouped;
 pub mod model;
-
-pub use jobs_consumers as runtime;
 
 /// mockall mocks of every port, re-exported from `jobs-core`'s `mock` feature.
 ///

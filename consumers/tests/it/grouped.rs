@@ -1,5 +1,6 @@
 //! The grouped runtime on the memory queue and store, with time paused: the test kit's
-//! grouped suite, and what the loop does while a suspect job waits to run alone.
+//! grouped suite (`jobs_testkit::grouped`), and what the loop does while a suspect job waits
+//! to run alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -244,3 +245,65 @@ fn a_panic_in_a_grouped_task_while_a_suspect_waits_is_logged_and_counted() {
         "counted once, by queue"
     );
 }
+
+/// The memory pair for the suite: a fresh queue and store on one manual clock, the store's
+/// transactions allowed PostgreSQL's 31 checkpoints.
+async fn memory() -> jobs_testkit::grouped::GroupedBackend<MemoryStore, MemoryQueue> {
+    fn write(
+        tx: &mut MemoryWorkTx,
+        key: String,
+    ) -> jobs_testkit::model::BoxFuture<'_, Result<(), StoreError>> {
+        tx.record_effect(key);
+        Box::pin(async { Ok(()) })
+    }
+    let clock = ManualClock::default();
+    let store = MemoryStore::default().with_checkpoint_budget(31);
+    let effects = store.clone();
+    jobs_testkit::grouped::GroupedBackend {
+        backend: jobs_testkit::model::Backend {
+            store,
+            write_effect: write,
+            effects: Arc::new(move || {
+                let effects = effects.effects();
+                Box::pin(async move { effects })
+            }),
+        },
+        queue: Arc::new(MemoryQueue::new(Arc::new(clock.clone()))),
+        clock,
+    }
+}
+
+/// One test per case of the suite, on [`memory`] with time paused.
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod suite {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $case() {
+                    jobs_testkit::grouped::$case(super::memory().await).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    a_failing_job_takes_nothing_from_its_group,
+    a_group_skips_a_job_processed_before,
+    undoing_a_failed_job_keeps_what_its_neighbours_settled,
+    a_group_size_out_of_bounds_is_refused,
+    a_group_runs_the_jobs_that_get_ready_and_defers_the_others,
+    groups_fit_the_transactions_checkpoint_budget,
+    when_the_first_job_to_write_fails_the_group_starts_again_without_it,
+    a_group_of_rerunnable_jobs_runs_the_others_again_when_one_fails,
+    a_rerunnable_group_tries_again_without_checkpoints_then_carefully,
+    a_rerunnable_group_checkpoints_as_often_as_its_jobs_fail,
+    groups_hold_about_group_time_of_their_handlers,
+    a_lingering_fetch_fills_its_group,
+    a_linger_never_delays_an_empty_fetch_or_a_full_group,
+    a_busy_grouped_worker_leases_no_more_while_a_group_waits,
+    a_stop_gives_back_fetched_jobs_with_their_attempt_unspent,
+    a_job_whose_lease_expired_runs_alone_with_nothing_else_leased,
+    the_grouped_loop_drains_a_backlog_once_and_wakes_for_new_jobs,
+    a_grouped_worker_counts_each_job_once_by_outcome_and_kind,
+);

@@ -1,5 +1,8 @@
-//! The grouped runtime on PostgreSQL (`WorkerBuilder::grouped` over `PgQueue` and `PgStore`):
-//! several jobs in one work transaction, each succeeding or failing alone.
+//! The grouped runtime on PostgreSQL (`Worker::grouped_builder` over `PgQueue` and `PgStore`)
+//! as the reference composition runs it, and what depends on PostgreSQL itself: a statement
+//! that aborts the transaction, the pool a queue must share, fencing by row, a deferred
+//! constraint at the commit, killed connections, `statement_timeout`. What a grouped worker
+//! does whatever its engine is the test kit's grouped suite (`jobs_testkit::grouped`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -212,15 +215,6 @@ impl Fixture {
             .expect("read effects")
     }
 
-    /// Waits until at least `jobs` effects have committed, or `within` has passed (the
-    /// assertions that follow say which).
-    async fn await_effects(&self, jobs: usize, within: Duration) {
-        let deadline = tokio::time::Instant::now() + within;
-        while self.effects().await.len() < jobs && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
     async fn pending(&self) -> u64 {
         self.queue.depth(&self.name).await.expect("depth").total()
     }
@@ -233,130 +227,41 @@ fn config(group_size: usize) -> WorkerConfig {
     config
 }
 
+/// A handler whose statement fails aborts the work transaction on PostgreSQL: only the undo
+/// to the checkpoint recovers it, so its neighbours commit and no handler runs twice. (The
+/// other ways a grouped job fails are the test kit's grouped suite, run by the adapter.)
 #[tokio::test]
-async fn a_failing_job_takes_nothing_from_its_group_and_no_neighbour_runs_twice() {
+async fn a_failing_statement_is_undone_and_its_neighbours_commit() {
     let f = Fixture::new().await;
     let worker = f.worker(config(16)).expect("queue and store share a pool");
-    let steps = [
-        (0, "ok"),
-        (1, "retry"),
-        (2, "ok"),
-        (3, "permanent"),
-        (4, "panic"),
-        (5, "ok"),
-        (6, "defer"),
-        (7, "bad sql"),
-        (8, "ok"),
-    ];
-    let mut envelopes = vec![];
-    for (n, then) in steps {
-        let envelope = f.envelope(n, then);
-        f.publish(&envelope, PublishOptions::default()).await;
-        envelopes.push(envelope);
+    for (n, then) in [(0, "ok"), (1, "bad sql"), (2, "ok")] {
+        f.publish(&f.envelope(n, then), PublishOptions::default())
+            .await;
     }
-    // A second copy of job 0 under another key: the group runs it once.
-    f.publish(&envelopes[0], PublishOptions::default().dedup_key("copy"))
-        .await;
-
     let outcomes = worker.run_once().await.expect("receive");
-    assert_eq!(outcomes.len(), 10, "{outcomes:?}");
-    assert_eq!(outcomes[0], Outcome::Processed);
-    assert!(
-        matches!(outcomes[1], Outcome::Retrying { .. }),
-        "{outcomes:?}"
-    );
-    assert_eq!(outcomes[2], Outcome::Processed);
     assert!(
         matches!(
-            outcomes[3],
-            Outcome::DeadLettered {
-                reason: DeadReason::Permanent,
-                ..
-            }
+            outcomes[..],
+            [
+                Outcome::Processed,
+                Outcome::Retrying { .. },
+                Outcome::Processed
+            ]
         ),
         "{outcomes:?}"
     );
-    assert!(
-        matches!(outcomes[4], Outcome::Retrying { .. }),
-        "{outcomes:?}"
-    );
-    assert_eq!(outcomes[5], Outcome::Processed);
-    assert!(
-        matches!(outcomes[6], Outcome::Deferred { .. }),
-        "{outcomes:?}"
-    );
-    assert!(
-        matches!(outcomes[7], Outcome::Retrying { .. }),
-        "{outcomes:?}"
-    );
-    assert_eq!(outcomes[8], Outcome::Processed);
-    assert_eq!(outcomes[9], Outcome::Duplicate, "the second copy of job 0");
-
-    assert_eq!(
-        f.effects().await,
-        [0, 2, 5, 8],
-        "only the succeeding jobs' writes committed"
-    );
-    for n in 0..=8 {
+    assert_eq!(f.effects().await, [0, 2], "job 1's writes undone");
+    for n in 0..3 {
         assert_eq!(f.handler.runs(n), 1, "job {n} ran once");
     }
-    let letters: Vec<(String, i64)> =
-        sqlx::query_as("select last_error, attempts::bigint from core.dead_letters")
-            .fetch_all(&f.pool)
-            .await
-            .expect("read dead letters");
-    assert_eq!(letters, [("invoice does not exist".to_owned(), 1)]);
-    let claims: i64 = sqlx::query_scalar("select count(*) from core.processed_jobs")
-        .fetch_one(&f.pool)
-        .await
-        .expect("count claims");
-    assert_eq!(
-        claims, 5,
-        "four processed jobs and the dead letter hold claims"
-    );
-    let deferred: i32 =
-        sqlx::query_scalar("select deliveries from core.jobs where dedup_key = $1 and not leased")
-            .bind(envelopes[6].job_id.to_string())
-            .fetch_one(&f.pool)
-            .await
-            .expect("the deferred job waits");
-    assert_eq!(deferred, 0, "a deferral gives its attempt back");
-
-    // The retried jobs come back alone, as redeliveries, and succeed.
     f.clock.advance(Duration::from_secs(3600));
-    let mut later = vec![];
-    for _ in 0..10 {
-        let outcomes = worker.run_once().await.expect("receive");
-        if outcomes.is_empty() {
-            break;
-        }
-        later.extend(outcomes);
-    }
-    assert_eq!(later.len(), 4, "jobs 1, 4, 6 and 7: {later:?}");
-    assert!(later.iter().all(|o| *o == Outcome::Processed), "{later:?}");
-    assert_eq!(f.effects().await, [0, 1, 2, 4, 5, 6, 7, 8]);
-    assert_eq!(f.pending().await, 0, "nothing left in core.jobs");
-    f.db.drop_db().await;
-}
-
-#[tokio::test]
-async fn a_group_skips_a_job_processed_before() {
-    let f = Fixture::new().await;
-    let worker = f.worker(config(8)).expect("valid");
-    let first = f.envelope(1, "ok");
-    f.publish(&first, PublishOptions::default()).await;
-    assert_eq!(worker.run_once().await.expect("run"), [Outcome::Processed]);
-    // Published again after its ack: a new row, whose claim finds the job processed.
-    f.publish(&first, PublishOptions::default()).await;
-    f.publish(&f.envelope(2, "ok"), PublishOptions::default())
-        .await;
     assert_eq!(
-        worker.run_once().await.expect("run"),
-        [Outcome::Duplicate, Outcome::Processed]
+        worker.run_once().await.expect("receive"),
+        [Outcome::Processed],
+        "the retry succeeds"
     );
-    assert_eq!(f.effects().await, [1, 2]);
-    assert_eq!(f.handler.runs(1), 1);
-    assert_eq!(f.pending().await, 0);
+    assert_eq!(f.effects().await, [0, 1, 2]);
+    assert_eq!(f.pending().await, 0, "nothing left in core.jobs");
     f.db.drop_db().await;
 }
 
@@ -374,125 +279,182 @@ async fn the_build_refuses_a_queue_that_cannot_join_the_stores_transactions() {
         }
         other => panic!("{other:?}"),
     }
-    let mut too_big = config(8);
-    too_big.group_size = 65;
-    assert!(matches!(f.worker(too_big), Err(WorkerError::GroupSize(65))));
-    f.db.drop_db().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_grouped_loop_drains_a_queue_exactly_once_and_gives_back_what_it_holds() {
-    let f = Fixture::new().await;
-    let jobs = 600;
-    f.publish_ok(0..jobs).await;
-    let mut cfg = config(16);
-    cfg.concurrency = 4;
-    let worker = Arc::new(f.worker(cfg).expect("valid"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(worker.clone().run(async {
-        let _ = stopped.await;
-    }));
-    let drained = usize::try_from(jobs).expect("small");
-    f.await_effects(drained, Duration::from_secs(30)).await;
-    // One more job while idle: the wake-up brings it in.
-    f.publish(&f.envelope(jobs, "ok"), PublishOptions::default())
-        .await;
-    f.await_effects(drained + 1, Duration::from_secs(5)).await;
-    stop.send(()).expect("the worker runs");
-    running.await.expect("the worker stops");
-    let effects = f.effects().await;
-    assert_eq!(effects, (0..=jobs).collect::<Vec<_>>(), "each job once");
-    assert_eq!(f.pending().await, 0);
-    f.db.drop_db().await;
-}
-
-#[tokio::test]
-async fn shutdown_gives_back_fetched_jobs_with_their_attempt_unspent() {
-    let f = Fixture::new().await;
-    f.publish(&f.envelope(0, "ok"), PublishOptions::default())
-        .await;
-    /// Blocks in its handler until told to go on, so the loop's buffer stays full; says when
-    /// it is entered.
-    struct Gate(Arc<tokio::sync::Semaphore>, Arc<tokio::sync::Notify>);
-    #[async_trait]
-    impl Handler<PgWorkTx> for Gate {
-        type Data = serde_json::Value;
-        async fn handle(
-            &self,
-            _: Job<serde_json::Value>,
-            _: &mut PgWorkTx,
-        ) -> Result<(), JobError> {
-            self.1.notify_one();
-            let _permit = self.0.acquire().await.map_err(JobError::retry)?;
-            Ok(())
-        }
-    }
-    let (gate, entered) = (
-        Arc::new(tokio::sync::Semaphore::new(0)),
-        Arc::new(tokio::sync::Notify::new()),
-    );
-    let queue = Arc::new(f.queue.clone());
-    let mut cfg = config(10);
-    cfg.concurrency = 1;
-    // Long enough that a fetch under way at the stop answers within it on a loaded machine
-    // (it is given back with the rest), short enough to abandon the blocked job quickly.
-    cfg.shutdown_grace = Duration::from_secs(2);
-    let worker = Arc::new(
-        f.grouped(queue, Gate(gate.clone(), entered.clone()), cfg)
-            .expect("valid"),
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(worker.run(async {
-        let _ = stopped.await;
-    }));
-    // The running group holds the first job alone (on a loaded machine a group formed after
-    // a second fetch would hold three), then the rest arrive at once.
-    tokio::time::timeout(Duration::from_secs(30), entered.notified())
+    // The same database through a pool of its own: its statements cannot join the store's
+    // transactions either.
+    let other_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with((*f.pool.connect_options()).clone())
         .await
-        .expect("the first job's handler starts");
-    f.publish_ok(1..40).await;
-    // The loop starts slow (fetches of 1, 2, 4, 8) and keeps fetching while the group runs,
-    // until a group waits in the buffer, each fetch asking for up to two groups ahead: the
-    // blocked job and fourteen more are leased, and no more than that however long the group
-    // takes.
-    let leased = || async {
-        sqlx::query_scalar::<_, i64>("select count(*) from core.jobs where leased")
-            .fetch_one(&f.pool)
-            .await
-            .expect("count")
-    };
-    for _ in 0..200 {
-        if leased().await >= 15 {
-            break;
+        .expect("connect");
+    match f.worker_over(Arc::new(PgQueue::new(other_pool)), config(8)) {
+        Err(WorkerError::NotInStore { reason, .. }) => {
+            assert!(reason.contains("different pools"), "{reason}");
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        other => panic!("{other:?}"),
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let ahead = leased().await;
-    assert_eq!(
-        ahead, 15,
-        "the running group and what two groups ahead leave room for"
+    assert!(f.worker(config(8)).is_ok(), "the store's pool");
+    f.db.drop_db().await;
+}
+
+/// Writes its row; while its job waits to be ready, moves the lease of the job its data names
+/// (`"steal"`) on, as another worker that received it after its lease ran out would.
+struct Steals {
+    pool: sqlx::PgPool,
+    runs: Arc<Mutex<Vec<i64>>>,
+}
+
+#[derive(Deserialize)]
+struct Thief {
+    n: i64,
+    #[serde(default)]
+    steal: Option<String>,
+}
+
+#[async_trait]
+impl Handler<PgWorkTx> for Steals {
+    type Data = Thief;
+
+    async fn ready(&self, job: &Job<Thief>) -> Result<(), JobError> {
+        if let Some(victim) = &job.envelope.data.steal {
+            sqlx::query("update core.jobs set lease_gen = lease_gen + 1 where dedup_key = $1")
+                .bind(victim)
+                .execute(&self.pool)
+                .await
+                .expect("move the lease on");
+        }
+        Ok(())
+    }
+
+    async fn handle(&self, job: Job<Thief>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        let n = job.envelope.data.n;
+        self.runs.lock().expect("not poisoned").push(n);
+        sqlx::query("insert into effects (n) values ($1)")
+            .bind(n)
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
+        Ok(())
+    }
+}
+
+/// A job whose lease another worker took before its group held it is not run, claimed or
+/// settled by the group: its neighbours commit, and it stays with the other worker (the
+/// fencing of `PgQueue`'s hold).
+#[tokio::test]
+async fn a_job_whose_lease_moved_on_before_its_group_held_it_is_left_to_its_new_holder() {
+    let f = Fixture::new().await;
+    let job = |n: i64, steal: Option<String>| {
+        jobs_testkit::fixtures::envelope_with(
+            1,
+            KIND,
+            serde_json::json!({ "n": n, "steal": steal }),
+        )
+    };
+    let victim = job(2, None);
+    let thief = job(1, Some(victim.job_id.to_string()));
+    for envelope in [&thief, &victim, &job(3, None)] {
+        f.publish(envelope, PublishOptions::default()).await;
+    }
+    let runs = Arc::default();
+    let handler = Steals {
+        pool: f.pool.clone(),
+        runs: Arc::clone(&runs),
+    };
+    let worker = f
+        .grouped(Arc::new(f.queue.clone()), handler, config(3))
+        .expect("valid");
+    let outcomes = worker.run_once().await.expect("run");
+    assert!(
+        matches!(
+            &outcomes[..],
+            [Outcome::Processed, Outcome::Unsettled { error }, Outcome::Processed]
+                if error.contains("lease was lost")
+        ),
+        "{outcomes:?}"
     );
-    stop.send(()).expect("running");
-    let drained = running.await.expect("stops");
     assert_eq!(
-        (drained.given_back, drained.abandoned, drained.finished),
-        (usize::try_from(ahead - 1).expect("a count"), 1, 0),
-        "what the worker says it left: {drained:?}"
+        *runs.lock().expect("not poisoned"),
+        [1, 3],
+        "job 2 never ran"
     );
-    let (leased, given_back): (i64, i64) = sqlx::query_as(
-        "select count(*) filter (where leased), \
-                count(*) filter (where not leased and deliveries = 0) \
-         from core.jobs",
+    assert_eq!(f.effects().await, [1, 3]);
+    let (left, claims): (Vec<String>, i64) = sqlx::query_as(
+        "select (select coalesce(array_agg(dedup_key), '{}') from core.jobs where leased), \
+                (select count(*) from core.processed_jobs)",
     )
     .fetch_one(&f.pool)
     .await
-    .expect("count");
-    assert_eq!(given_back, 39, "the buffered and those never fetched");
+    .expect("read the queue");
     assert_eq!(
-        leased, 1,
-        "the blocked group, abandoned after the grace, waits out its lease"
+        left,
+        [victim.job_id.to_string()],
+        "job 2 is still leased, to its thief"
     );
+    assert_eq!(claims, 2, "no claim for job 2");
+    f.db.drop_db().await;
+}
+
+/// Writes a row whose deferred foreign key fails only at the commit, when its job says
+/// `"then": "orphan"`.
+struct Orphans;
+
+#[async_trait]
+impl Handler<PgWorkTx> for Orphans {
+    type Data = Step;
+
+    async fn handle(&self, job: Job<Step>, tx: &mut PgWorkTx) -> Result<(), JobError> {
+        let parent = if job.envelope.data.then == "orphan" {
+            2
+        } else {
+            1
+        };
+        sqlx::query("insert into children (parent) values ($1)")
+            .bind(parent)
+            .execute(tx.conn())
+            .await
+            .map_err(JobError::retry)?;
+        Ok(())
+    }
+}
+
+/// A group whose commit fails (here a deferred constraint) settles nothing: every job says
+/// the group did not commit and stays leased, to come back after its lease, with no claim and
+/// no write left behind.
+#[tokio::test]
+async fn a_group_whose_commit_fails_leaves_its_jobs_leased_and_says_why() {
+    let f = Fixture::new().await;
+    sqlx::raw_sql(
+        "create table parents (id int primary key); insert into parents values (1); \
+         create table children (parent int references parents \
+             deferrable initially deferred)",
+    )
+    .execute(&f.pool)
+    .await
+    .expect("create the tables");
+    for (n, then) in [(0, "ok"), (1, "orphan"), (2, "ok")] {
+        f.publish(&f.envelope(n, then), PublishOptions::default())
+            .await;
+    }
+    let worker = f
+        .grouped(Arc::new(f.queue.clone()), Orphans, config(3))
+        .expect("valid");
+    let outcomes = worker.run_once().await.expect("run");
+    assert_eq!(outcomes.len(), 3);
+    for outcome in &outcomes {
+        assert!(
+            matches!(outcome, Outcome::Unsettled { error } if error.contains("the group did not commit")),
+            "{outcomes:?}"
+        );
+    }
+    let (leased, claims, children): (i64, i64, i64) = sqlx::query_as(
+        "select (select count(*) from core.jobs where leased), \
+                (select count(*) from core.processed_jobs), \
+                (select count(*) from children)",
+    )
+    .fetch_one(&f.pool)
+    .await
+    .expect("read the tables");
+    assert_eq!((leased, claims, children), (3, 0, 0));
     f.db.drop_db().await;
 }
 
@@ -594,82 +556,6 @@ async fn behind_the_transactional_first_gate_a_pg_queue_still_runs_grouped() {
         "one group of three once the gate reopens"
     );
     assert_eq!(f.effects().await, [0, 1, 2]);
-    f.db.drop_db().await;
-}
-
-/// [`Scripted`], declared rerunnable: its only effects are its writes.
-#[derive(Clone, Default)]
-struct Rerunnable(Scripted);
-
-#[async_trait]
-impl Handler<PgWorkTx> for Rerunnable {
-    type Data = Step;
-    const RERUNNABLE: bool = true;
-
-    async fn handle(&self, job: Job<Step>, tx: &mut PgWorkTx) -> Result<(), JobError> {
-        self.0.handle(job, tx).await
-    }
-}
-
-#[tokio::test]
-async fn a_group_of_rerunnable_jobs_runs_the_others_again_when_one_fails() {
-    let f = Fixture::new().await;
-    let handler = Rerunnable::default();
-    let queue = Arc::new(f.queue.clone());
-    let worker = f.grouped(queue, handler.clone(), config(8)).expect("valid");
-    for (n, then) in [(0, "ok"), (1, "ok"), (2, "retry"), (3, "ok")] {
-        f.publish(&f.envelope(n, then), PublishOptions::default())
-            .await;
-    }
-    let outcomes = worker.run_once().await.expect("run");
-    assert_eq!(outcomes[0], Outcome::Processed);
-    assert_eq!(outcomes[1], Outcome::Processed);
-    assert!(
-        matches!(outcomes[2], Outcome::Retrying { .. }),
-        "{outcomes:?}"
-    );
-    assert_eq!(outcomes[3], Outcome::Processed);
-    assert_eq!(
-        f.effects().await,
-        [0, 1, 3],
-        "each committed once, though 0 and 1 ran twice"
-    );
-    let runs: Vec<u32> = (0..4).map(|n| handler.0.runs(n)).collect();
-    assert_eq!(
-        runs,
-        [2, 2, 1, 1],
-        "the jobs before the failure ran again in the second pass, the failed one did not"
-    );
-    f.db.drop_db().await;
-}
-
-#[tokio::test]
-async fn when_the_first_job_to_write_fails_the_group_starts_again_without_it() {
-    let f = Fixture::new().await;
-    let worker = f.worker(config(8)).expect("valid");
-    for (n, then) in [(0, "ok-no-write"), (1, "retry"), (2, "ok")] {
-        f.publish(&f.envelope(n, then), PublishOptions::default())
-            .await;
-    }
-    let outcomes = worker.run_once().await.expect("run");
-    assert_eq!(outcomes[0], Outcome::Processed);
-    assert!(
-        matches!(outcomes[1], Outcome::Retrying { .. }),
-        "{outcomes:?}"
-    );
-    assert_eq!(outcomes[2], Outcome::Processed);
-    assert_eq!(f.effects().await, [2], "job 1's write was rolled back");
-    for n in 0..3 {
-        assert_eq!(f.handler.runs(n), 1, "job {n} ran once");
-    }
-    let claims: i64 = sqlx::query_scalar("select count(*) from core.processed_jobs")
-        .fetch_one(&f.pool)
-        .await
-        .expect("count claims");
-    assert_eq!(
-        claims, 2,
-        "jobs 0 and 2 claimed again in the second pass, job 1 not"
-    );
     f.db.drop_db().await;
 }
 
@@ -976,93 +862,5 @@ async fn a_handler_stopped_in_the_middle_of_a_statement_leaves_nothing_running()
             .await
             .expect("clear the queue");
     }
-    f.db.drop_db().await;
-}
-
-/// A job whose previous lease expired unsettled (its worker may have died on it) runs alone:
-/// only once every job fetched before it has settled, with nothing else leased or running
-/// until it has, so that if it crashes this process too it takes no other job's attempt.
-#[tokio::test]
-async fn a_job_whose_lease_expired_runs_alone_with_nothing_else_leased() {
-    let f = Fixture::new().await;
-    /// Writes its row; job 0 takes its time and counts the rows leased meanwhile.
-    struct Watched {
-        pool: sqlx::PgPool,
-        suspect_running: Arc<std::sync::atomic::AtomicBool>,
-        /// Jobs that started while job 0 ran.
-        overlapped: Arc<Mutex<Vec<i64>>>,
-        /// The rows leased at the end of job 0's run.
-        leased_meanwhile: Arc<Mutex<Option<i64>>>,
-    }
-    #[async_trait]
-    impl Handler<PgWorkTx> for Watched {
-        type Data = Step;
-        async fn handle(&self, job: Job<Step>, tx: &mut PgWorkTx) -> Result<(), JobError> {
-            use std::sync::atomic::Ordering;
-            let n = job.envelope.data.n;
-            if n == 0 {
-                self.suspect_running.store(true, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                let leased: i64 = sqlx::query_scalar("select count(*) from core.jobs where leased")
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(JobError::retry)?;
-                *self.leased_meanwhile.lock().expect("not poisoned") = Some(leased);
-                self.suspect_running.store(false, Ordering::SeqCst);
-            } else if self.suspect_running.load(Ordering::SeqCst) {
-                self.overlapped.lock().expect("not poisoned").push(n);
-            }
-            sqlx::query("insert into effects (n) values ($1)")
-                .bind(n)
-                .execute(tx.conn())
-                .await
-                .map_err(JobError::retry)?;
-            Ok(())
-        }
-    }
-    // Job 0 was leased by a worker that never settled it, and its lease ran out.
-    f.publish(&f.envelope(0, "ok"), PublishOptions::default())
-        .await;
-    let taken = (f.queue)
-        .receive(&f.name, 1, Duration::from_secs(60))
-        .await
-        .expect("receive");
-    assert_eq!(taken.len(), 1);
-    f.clock.advance(Duration::from_secs(61));
-    f.publish_ok(1..9).await;
-    let handler = Watched {
-        pool: f.pool.clone(),
-        suspect_running: Arc::default(),
-        overlapped: Arc::default(),
-        leased_meanwhile: Arc::default(),
-    };
-    let (overlapped, leased_meanwhile) =
-        (handler.overlapped.clone(), handler.leased_meanwhile.clone());
-    let worker = Arc::new(
-        f.grouped(Arc::new(f.queue.clone()), handler, config(4))
-            .expect("valid"),
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(worker.run(async {
-        let _ = stopped.await;
-    }));
-    f.await_effects(9, Duration::from_secs(10)).await;
-    stop.send(()).expect("the worker runs");
-    running.await.expect("the worker stops");
-    assert_eq!(
-        f.effects().await,
-        (0..=8).collect::<Vec<_>>(),
-        "each job once"
-    );
-    assert_eq!(
-        *overlapped.lock().expect("not poisoned"),
-        Vec::<i64>::new(),
-        "no job started while the one whose lease expired ran"
-    );
-    assert_eq!(
-        *leased_meanwhile.lock().expect("not poisoned"),
-        Some(1),
-        "nothing but itself leased while it ran"
-    );
     f.db.drop_db().await;
 }
