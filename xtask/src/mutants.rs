@@ -87,15 +87,18 @@ const PG_TEST_THREADS: &str = "--test-threads=8";
 
 const GROUPS: &[Group] = &[
     Group::own("consumers", "jobs-consumers", &["consumers/src/**"], 20),
-    // The runtime's grouped mode, on PostgreSQL: what the in-memory tests missed in the
-    // runtime, against the model and contract tests on a real queue and store and the
-    // grouped loop's tests of the reference composition (its shutdown, its fetches ahead).
+    // The runtime on PostgreSQL: what its own tests (on the memory pair) missed, against the
+    // model and the grouped suite on a real queue and store and the reference composition's
+    // grouped tests (killed connections, statement_timeout, a deferred constraint).
     Group {
         name: "consumers-on-postgres",
         package: "jobs-consumers",
         files: &[
-            "consumers/src/group.rs",
-            "consumers/src/worker.rs",
+            "consumers/src/grouped/**",
+            "consumers/src/delivery/**",
+            "consumers/src/worker/**",
+            "consumers/src/lifecycle.rs",
+            "consumers/src/verdict.rs",
             "consumers/src/handler.rs",
         ],
         only: None,
