@@ -56,7 +56,7 @@ pub use name::{
 pub use queue::{
     ConsumerPort, Delivery, Depth, Lease, LeaseLimits, MAX_WAIT, PublishOptions, PullPort,
     QueueDepth, QueueError, QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement,
-    TenantFairness, TenantWeights, later,
+    TenantFairness, TenantWeights, Unsupported, later,
 };
 #[cfg(feature = "mock")]
 pub use queue::{MockPullPort, MockQueueDepth, MockQueuePort, MockSettlePort, MockTenantWeights};

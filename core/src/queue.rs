@@ -465,9 +465,13 @@ pub trait PullPort: Send + Sync {
     /// (`WorkerBuilder::fair` in `jobs-consumers`), so that a transport or a layer that cannot
     /// do it fails the build instead of serving oldest first at run time: the default refuses,
     /// and a layer forwards it to what it wraps.
-    fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+    fn share_by_tenant(
+        &self,
+        queue: &QueueName,
+        fairness: TenantFairness,
+    ) -> Result<(), Unsupported> {
         let _ = (queue, fairness);
-        Err("this transport fetches oldest first only".to_owned())
+        Err(Unsupported::new("this transport fetches oldest first only"))
     }
 }
 
@@ -505,7 +509,7 @@ pub trait SettleInTransaction<S: WorkStore>: SettlePort {
     /// `Ok` when `store`'s transactions run on this queue's database, so that a statement of
     /// this queue inside them is atomic with the claim; else why not, for the worker's build to
     /// refuse.
-    fn shares_transactions_with(&self, store: &S) -> Result<(), String>;
+    fn shares_transactions_with(&self, store: &S) -> Result<(), Unsupported>;
 
     /// Takes the messages of `leases` into `tx`, answering for each whether its lease still
     /// holds (the delivery is the message's latest and is unsettled). A message taken cannot
@@ -554,6 +558,27 @@ pub trait SettleInTransaction<S: WorkStore>: SettlePort {
         tx: &mut S::Tx,
         settlements: &[(&Delivery, Settlement)],
     ) -> Result<(), StoreError>;
+}
+
+/// A capability a worker asks of its transport when it is built, which the transport cannot
+/// give: fetching fairly across tenants ([`PullPort::share_by_tenant`]), settling inside a
+/// store's transactions ([`SettleInTransaction::shares_transactions_with`]). The build fails
+/// with it, so that the worker never runs without what it was configured for.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{reason}")]
+#[non_exhaustive]
+pub struct Unsupported {
+    /// Why not, and where possible what to do instead.
+    pub reason: String,
+}
+
+impl Unsupported {
+    /// A refusal saying `reason`.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Unsupported {
+            reason: reason.into(),
+        }
+    }
 }
 
 /// How many messages a queue holds, for priority decisions and operators.

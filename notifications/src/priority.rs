@@ -74,7 +74,11 @@ impl<P: PullPort + ?Sized> PullPort for TransactionalFirst<P> {
     }
 
     /// The marketing queue's transport shares it out; the gate only decides when to fetch.
-    fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+    fn share_by_tenant(
+        &self,
+        queue: &QueueName,
+        fairness: TenantFairness,
+    ) -> Result<(), jobs_core::Unsupported> {
         self.inner.share_by_tenant(queue, fairness)
     }
 }

@@ -66,7 +66,11 @@ impl<C: PullPort + ?Sized> PullPort for LosesAcks<C> {
         self.inner.receive(q, max, lease).await
     }
 
-    fn share_by_tenant(&self, q: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+    fn share_by_tenant(
+        &self,
+        q: &QueueName,
+        fairness: TenantFairness,
+    ) -> Result<(), jobs_core::Unsupported> {
         self.inner.share_by_tenant(q, fairness)
     }
 }

@@ -629,7 +629,10 @@ impl<S: WorkStore> SettlePort for GroupWire<S> {
 
 #[async_trait]
 impl<S: WorkStore> SettleInTransaction<MutantStore<S>> for GroupWire<S> {
-    fn shares_transactions_with(&self, store: &MutantStore<S>) -> Result<(), String> {
+    fn shares_transactions_with(
+        &self,
+        store: &MutantStore<S>,
+    ) -> Result<(), jobs_core::Unsupported> {
         self.inner.shares_transactions_with(&store.inner)
     }
 

@@ -67,7 +67,7 @@ impl SettleInTransaction<MemoryStore> for MemoryQueue {
     /// Always `Ok`: any memory queue and any memory store live in this process, where the
     /// transaction itself ends the messages it took, under the store's lock, so a settlement
     /// commits with the claim whichever instances they are.
-    fn shares_transactions_with(&self, store: &MemoryStore) -> Result<(), String> {
+    fn shares_transactions_with(&self, store: &MemoryStore) -> Result<(), jobs_core::Unsupported> {
         let _ = store;
         Ok(())
     }

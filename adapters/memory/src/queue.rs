@@ -570,7 +570,11 @@ impl PullPort for MemoryQueue {
     /// Shares `queue` out among tenants in process: the tenants' weights are those set with
     /// [`TenantWeights::set_weight`], the limit counts this queue's (and its clones')
     /// deliveries in flight.
-    fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+    fn share_by_tenant(
+        &self,
+        queue: &QueueName,
+        fairness: TenantFairness,
+    ) -> Result<(), jobs_core::Unsupported> {
         self.lock()
             .queues
             .entry(queue.clone())

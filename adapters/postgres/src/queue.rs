@@ -477,7 +477,11 @@ impl PullPort for PgQueue {
     /// their lanes; from then on every worker of the database fetches it fairly, and every
     /// publish gives its rows a lane. Weights come from `core.tenant_weights`
     /// ([`TenantWeights`]).
-    fn share_by_tenant(&self, queue: &QueueName, fairness: TenantFairness) -> Result<(), String> {
+    fn share_by_tenant(
+        &self,
+        queue: &QueueName,
+        fairness: TenantFairness,
+    ) -> Result<(), jobs_core::Unsupported> {
         self.lanes.want(queue, fairness);
         Ok(())
     }
@@ -584,18 +588,17 @@ impl SettlePort for PgQueue {
 impl SettleInTransaction<PgStore> for PgQueue {
     /// The same pool: the queue built over `store.pool()` (or a clone of it). Two pools, even
     /// on one database, are refused, since a worker's connections are then counted twice.
-    fn shares_transactions_with(&self, store: &PgStore) -> Result<(), String> {
+    fn shares_transactions_with(&self, store: &PgStore) -> Result<(), jobs_core::Unsupported> {
         if Arc::ptr_eq(
             &self.pool.connect_options(),
             &store.pool().connect_options(),
         ) {
             Ok(())
         } else {
-            Err(
+            Err(jobs_core::Unsupported::new(
                 "the PgQueue and the PgStore have different pools: build the queue with \
-                 PgQueue::new(store.pool().clone())"
-                    .to_owned(),
-            )
+                 PgQueue::new(store.pool().clone())",
+            ))
         }
     }
 

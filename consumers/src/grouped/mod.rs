@@ -40,7 +40,7 @@ const MAX_FETCH: usize = 1_024;
 /// bounds are known (the worker's builder), run here.
 pub(crate) trait Groups<S: WorkStore>: Send + Sync {
     /// Why the queue cannot join `store`'s transactions, if it cannot.
-    fn check(&self, store: &S) -> Result<(), String>;
+    fn check(&self, store: &S) -> Result<(), jobs_core::Unsupported>;
 
     /// Processes one group (see [`next_group`]) to the end.
     fn run<'a>(
@@ -60,7 +60,7 @@ where
     S::Tx: GroupTransaction + Send,
     Q: SettleInTransaction<S> + 'static,
 {
-    fn check(&self, store: &S) -> Result<(), String> {
+    fn check(&self, store: &S) -> Result<(), jobs_core::Unsupported> {
         self.0.shares_transactions_with(store)
     }
 
@@ -99,7 +99,7 @@ where
     }
 
     /// Why the queue cannot join `store`'s transactions, if it cannot.
-    pub(crate) fn check(&self, store: &S) -> Result<(), String> {
+    pub(crate) fn check(&self, store: &S) -> Result<(), jobs_core::Unsupported> {
         self.groups.check(store)
     }
 

@@ -446,7 +446,7 @@ impl<S: WorkStore> WorkerBuilder<S> {
                 )
             })?;
             pull.share_by_tenant(&self.queue, fairness)
-                .map_err(refused)?;
+                .map_err(|e| refused(e.reason))?;
         }
         let config = self.config;
         let mode = match self.groups {
@@ -463,9 +463,9 @@ impl<S: WorkStore> WorkerBuilder<S> {
                 let grouped = Grouped::new(groups, sizing, config.group_linger);
                 grouped
                     .check(&self.store)
-                    .map_err(|reason| WorkerError::NotInStore {
+                    .map_err(|e| WorkerError::NotInStore {
                         consumer: self.consumer.clone(),
-                        reason,
+                        reason: e.reason,
                     })?;
                 Mode::Grouped(Arc::new(grouped))
             }

@@ -75,7 +75,7 @@ impl SettlePort for PanicsOnSettle {
 
 #[async_trait]
 impl SettleInTransaction<MemoryStore> for PanicsOnSettle {
-    fn shares_transactions_with(&self, store: &MemoryStore) -> Result<(), String> {
+    fn shares_transactions_with(&self, store: &MemoryStore) -> Result<(), jobs_core::Unsupported> {
         self.0.shares_transactions_with(store)
     }
 
