@@ -362,6 +362,11 @@ impl PgQueue {
 /// [`Delivery::expired`]); every lease ends at `$3`. One row of arrays, rather than a row per
 /// job, costs the client a fraction of the decoding. It fetches the rows without a lane: a
 /// fair queue's rows have one, and `core.lease_fair` fetches them.
+///
+/// Public for one reader only, `jobs-bench`'s raw baseline, so that what the runtime is
+/// compared with is always the statement the queue runs; hidden from the documentation, not
+/// part of the API a module binary uses.
+#[doc(hidden)]
 pub const LEASE_STATEMENT: &str = "with async_commit as \
          (select set_config('synchronous_commit', 'off', true)), \
      leased as (update core.jobs j set leased = true, visible_at = $3, \
