@@ -24,7 +24,8 @@ pub mod fixtures;
 pub mod grouped;
 pub mod model;
 
-/// mockall mocks of every port, re-exported from `jobs-core`'s `mock` feature.
+/// mockall mocks of the ports a module's code most often calls, re-exported from `jobs-core`'s
+/// `mock` feature (which has the others too).
 ///
 /// Set expectations on what a module publishes, then run it against the mock; the whole
 /// example lives in `testkit/tests/mock_publisher.rs`.
