@@ -189,3 +189,30 @@ impl<S: WorkStore> Context<S> {
         tracing::info_span!(parent: worker, "job", job_id, tenant_id, correlation_id, kind)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(handler_timeout: u64, own: &[(&str, u64)]) -> Limits {
+        Limits {
+            concurrency: 1,
+            lease: Duration::from_secs(60),
+            handler_timeout: Duration::from_secs(handler_timeout),
+            timeouts: (own.iter())
+                .map(|(kind, secs)| (kind.parse().expect("valid"), Duration::from_secs(*secs)))
+                .collect(),
+            poll_interval: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(30),
+            decode_limits: DecodeLimits::default(),
+        }
+    }
+
+    #[test]
+    fn the_longest_time_limit_is_a_kinds_own_or_the_workers() {
+        assert_eq!(limits(30, &[]).longest(), Duration::from_secs(30));
+        let own = [("test.slow", 600), ("test.quick", 5)];
+        assert_eq!(limits(30, &own).longest(), Duration::from_secs(600));
+        assert_eq!(limits(900, &own).longest(), Duration::from_secs(900));
+    }
+}

@@ -38,12 +38,21 @@ impl Handler<MemoryWorkTx> for Sleeps {
     }
 }
 
-/// A memory queue whose settlement inside the transaction panics for a group holding job 1:
-/// a transport's bug inside a grouped task.
-struct PanicsOnSettle(MemoryQueue);
+/// A memory queue with one fault of a transport.
+struct Faulty(MemoryQueue, Fault);
+
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// Its settlement inside the transaction panics for a group holding job 1: a
+    /// transport's bug inside a grouped task.
+    PanicsOnSettle,
+    /// It says it cannot join the store's transactions, as a queue on another database
+    /// would.
+    Elsewhere,
+}
 
 #[async_trait]
-impl PullPort for PanicsOnSettle {
+impl PullPort for Faulty {
     async fn receive(
         &self,
         queue: &QueueName,
@@ -55,7 +64,7 @@ impl PullPort for PanicsOnSettle {
 }
 
 #[async_trait]
-impl SettlePort for PanicsOnSettle {
+impl SettlePort for Faulty {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.0.ack(lease).await
     }
@@ -74,8 +83,11 @@ impl SettlePort for PanicsOnSettle {
 }
 
 #[async_trait]
-impl SettleInTransaction<MemoryStore> for PanicsOnSettle {
+impl SettleInTransaction<MemoryStore> for Faulty {
     fn shares_transactions_with(&self, store: &MemoryStore) -> Result<(), jobs_core::Unsupported> {
+        if self.1 == Fault::Elsewhere {
+            return Err(jobs_core::Unsupported::new("this queue lives elsewhere"));
+        }
         self.0.shares_transactions_with(store)
     }
 
@@ -96,7 +108,7 @@ impl SettleInTransaction<MemoryStore> for PanicsOnSettle {
             let data: serde_json::Value = serde_json::from_slice(&delivery.payload).expect("a job");
             data["data"]["n"] == 1
         };
-        if settlements.iter().any(|s| first(&s)) {
+        if self.1 == Fault::PanicsOnSettle && settlements.iter().any(|s| first(&s)) {
             panic!("the queue's settlement is broken");
         }
         self.0.settle(tx, settlements).await
@@ -207,7 +219,7 @@ fn a_panic_in_a_grouped_task_while_a_suspect_waits_is_logged_and_counted() {
                 Worker::grouped_builder(
                     ConsumerName::try_from("test.consumer").expect("valid"),
                     QUEUE.parse().expect("valid"),
-                    Arc::new(PanicsOnSettle(queue)),
+                    Arc::new(Faulty(queue, Fault::PanicsOnSettle)),
                     Arc::new(store.clone()),
                 )
                 .handler(KIND.parse().expect("valid"), Sleeps)
@@ -244,6 +256,28 @@ fn a_panic_in_a_grouped_task_while_a_suspect_waits_is_logged_and_counted() {
         [(vec![QUEUE.to_owned()], 1)],
         "counted once, by queue"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_that_cannot_join_the_stores_transactions_is_refused_at_build() {
+    let (queue, store, clock) = a_suspect_behind(0, 0).await;
+    let built = Worker::grouped_builder(
+        ConsumerName::try_from("test.consumer").expect("valid"),
+        QUEUE.parse().expect("valid"),
+        Arc::new(Faulty(queue, Fault::Elsewhere)),
+        Arc::new(store.clone()),
+    )
+    .handler(KIND.parse().expect("valid"), Sleeps)
+    .clock(Arc::new(clock))
+    .build();
+    let Err(refused) = built else {
+        panic!("refused: its groups could not commit with their work");
+    };
+    assert!(
+        refused.to_string().contains("this queue lives elsewhere"),
+        "the queue's reason is given: {refused}"
+    );
+    assert!(store.effects().is_empty(), "nothing ran");
 }
 
 /// The memory pair for the suite: a fresh queue and store on one manual clock, the store's
