@@ -18,7 +18,7 @@ use jobs_core::{
     TenantId, WorkStore,
 };
 
-use crate::cli::TempDb;
+use crate::temp::TempDb;
 
 const KIND: &str = "billing.invoice_issued";
 const QUEUE: &str = "billing.invoices";

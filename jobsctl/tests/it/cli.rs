@@ -1,7 +1,7 @@
 //! The real `jobsctl` binary: migrate, dead letters, cleanup and envelope validation.
 
+use crate::temp::TempDb;
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
@@ -28,31 +28,6 @@ pub(crate) fn jobsctl_with(args: &[&str], env: &[(&str, &str)]) -> Output {
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// A SQLite file path unique to this test, removed at the end.
-pub(crate) struct TempDb(pub(crate) PathBuf);
-
-impl TempDb {
-    pub(crate) fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("jobsctl-{name}-{}.db", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        TempDb(path)
-    }
-
-    pub(crate) fn url(&self) -> String {
-        format!("sqlite://{}", self.0.display())
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut path = self.0.clone().into_os_string();
-            path.push(suffix);
-            let _ = std::fs::remove_file(path);
-        }
-    }
 }
 
 #[tokio::test]

@@ -4,7 +4,12 @@ mod bulk;
 mod cli;
 mod config;
 mod help;
+#[path = "../../../ops/tests/it/pg.rs"]
 mod pg;
+#[path = "../../../ops/tests/it/process.rs"]
+mod process;
 mod publish;
 mod standing;
+#[path = "../../../ops/tests/it/temp.rs"]
+mod temp;
 mod transports;

@@ -1,57 +1,10 @@
 //! `jobsctl outbox relay` and `jobsctl cron run`: the standing loops run alone, until
 //! SIGTERM.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
-use crate::pg::TestDb;
-
-/// Polls `check` every 100 ms for up to 30 s.
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..300 {
-        if let Some(found) = check().await {
-            return found;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{what}: not within 30 s");
-}
-
-/// Commits one `billing.invoices` job into `core.outbox`, as an application's transaction does.
-async fn into_the_outbox(pool: &sqlx::PgPool) {
-    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
-    let job =
-        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
-    let mut tx = pool.begin().await.expect("begin");
-    jobs_adapter_postgres::Outbox::new()
-        .publish_in(&mut tx, &queue, &job, Default::default())
-        .await
-        .expect("into the outbox");
-    tx.commit().await.expect("commit");
-}
-
-/// Kills the child if the test fails before it exits.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Sends SIGTERM to `child` and waits for it to exit, with its log.
-async fn terminate(mut child: Reaped) -> (std::process::ExitStatus, String) {
-    let pid = child.0.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status();
-    assert!(killed.expect("kill runs").success());
-    let exited = eventually("the process exits", async || child.0.try_wait().ok()?).await;
-    let mut log = String::new();
-    if let Some(mut stderr) = child.0.stderr.take() {
-        std::io::Read::read_to_string(&mut stderr, &mut log).expect("its log");
-    }
-    (exited, log)
-}
+use crate::pg::{TestDb, into_the_outbox};
+use crate::process::{Reaped, eventually, terminate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobsctl_runs_the_outbox_relay_and_the_cron_scheduler_until_sigterm() {

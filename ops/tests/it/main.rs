@@ -9,6 +9,7 @@ mod grouped;
 mod model;
 mod pg;
 mod postgres;
+mod process;
 mod sqlite;
 mod temp;
 mod vercel;

@@ -1,4 +1,5 @@
-//! A throwaway PostgreSQL database per test, dropped when the test ends.
+//! A throwaway PostgreSQL database per test, dropped when the test ends. `jobsctl`'s tests
+//! use this file too (by path): the database's name starts with the package's.
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -6,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection};
 
-/// A database named `jobs_ops_<pid>_<n>_<id>`, dropped (forcibly) on [`TestDb::drop_db`].
+/// A database named `<package>_<pid>_<n>_<id>`, dropped (forcibly) on [`TestDb::drop_db`].
 pub(crate) struct TestDb {
     /// A URL of the database, for the `jobsctl` binary.
     pub(crate) url: String,
@@ -23,7 +24,8 @@ impl TestDb {
             .expect("DATABASE_URL is a PostgreSQL URL")
             .disable_statement_logging();
         let name = format!(
-            "jobs_ops_{}_{}_{}",
+            "{}_{}_{}_{}",
+            env!("CARGO_PKG_NAME").replace('-', "_"),
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed),
             jobs_core::JobId::generate().as_uuid().simple()
@@ -73,4 +75,17 @@ impl TestDb {
         .await
         .expect("drop the test database");
     }
+}
+
+/// Commits one `billing.invoices` job into `core.outbox`, as an application's transaction does.
+pub(crate) async fn into_the_outbox(pool: &sqlx::PgPool) {
+    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
+    let job =
+        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
+    let mut tx = pool.begin().await.expect("begin");
+    jobs_adapter_postgres::Outbox::new()
+        .publish_in(&mut tx, &queue, &job, Default::default())
+        .await
+        .expect("into the outbox");
+    tx.commit().await.expect("commit");
 }

@@ -1,4 +1,5 @@
-//! A SQLite file per test, removed when the test ends.
+//! A SQLite file per test, removed when the test ends. `jobsctl`'s tests use this file too
+//! (by path).
 
 use std::path::PathBuf;
 
@@ -7,9 +8,16 @@ pub(crate) struct TempDb(pub(crate) PathBuf);
 
 impl TempDb {
     pub(crate) fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("jobs-ops-{name}-{}.db", std::process::id()));
+        let package = env!("CARGO_PKG_NAME");
+        let file = format!("{package}-{name}-{}.db", std::process::id());
+        let path = std::env::temp_dir().join(file);
         let _ = std::fs::remove_file(&path);
         TempDb(path)
+    }
+
+    /// Its `DATABASE_URL`.
+    pub(crate) fn url(&self) -> String {
+        format!("sqlite://{}", self.0.display())
     }
 }
 

@@ -3,8 +3,7 @@
 //! nothing left leased; and the worker process's refusals at start.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
 use jobs_adapter_postgres::{PgStore, PgWorkTx, sqlx};
 use jobs_consumers::{Handler, Job, JobError};
@@ -12,7 +11,9 @@ use jobs_ops::compose::{Config, ConfigFile};
 use jobs_ops::process::{ProcessError, WorkerProcess};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::pg::TestDb;
+use crate::pg::{TestDb, into_the_outbox};
+use crate::process::{Reaped, eventually, terminate, terminate_waited};
+use crate::temp::TempDb;
 
 /// The example's binary, built beside this test's (`cargo test` builds examples).
 fn example(name: &str) -> PathBuf {
@@ -66,17 +67,6 @@ async fn request(
     Some((status, body))
 }
 
-/// Polls `check` every 100 ms for up to 30 s.
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..300 {
-        if let Some(found) = check().await {
-            return found;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{what}: not within 30 s");
-}
-
 /// A worker process over `db` on `port` with `settings` besides, whose one queue
 /// (`billing.invoices`) counts its jobs in `handled`.
 async fn counting(
@@ -96,29 +86,6 @@ async fn counting(
         .start()
         .await
         .expect("starts")
-}
-
-/// Commits one `billing.invoices` job into `core.outbox`, as an application's transaction does.
-async fn into_the_outbox(pool: &sqlx::PgPool) {
-    let queue: jobs_core::QueueName = "billing.invoices".parse().expect("a queue");
-    let job =
-        jobs_testkit::fixtures::envelope_with(1, "billing.invoice_issued", serde_json::json!({}));
-    let mut tx = pool.begin().await.expect("begin");
-    jobs_adapter_postgres::Outbox::new()
-        .publish_in(&mut tx, &queue, &job, Default::default())
-        .await
-        .expect("into the outbox");
-    tx.commit().await.expect("commit");
-}
-
-/// Kills the child if the test fails before it exits.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,8 +387,8 @@ async fn a_process_asked_to_relays_its_outbox_and_ticks_the_cron_scheduler() {
 
 #[tokio::test]
 async fn a_process_refuses_cron_without_a_tenant_directory_naming_the_key() {
-    let file = std::env::temp_dir().join(format!("jobs-process-{}.db", std::process::id()));
-    let url = format!("sqlite://{}", file.display());
+    let db = TempDb::new("process");
+    let url = db.url();
     let refused = WorkerProcess::<jobs_adapter_sqlite::SqliteStore>::with_config(config(&[
         ("DATABASE_URL", &url),
         ("JOBS_QUEUE_URL", "memory:"),
@@ -437,21 +404,12 @@ async fn a_process_refuses_cron_without_a_tenant_directory_naming_the_key() {
     .await
     .err()
     .expect("refused");
-    let _ = std::fs::remove_file(&file);
     assert!(
         refused
             .to_string()
             .starts_with("JOBS_CRON (cron in jobs.toml): the tenants live in PostgreSQL"),
         "{refused}"
     );
-}
-
-/// Sends SIGTERM to `child` and waits for it.
-async fn terminate(child: Reaped) -> (std::process::ExitStatus, String) {
-    let pid = child.0.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status();
-    assert!(killed.expect("kill runs").success());
-    terminate_waited(child).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -687,16 +645,6 @@ async fn a_stop_signal_turns_readyz_503_at_once_and_a_second_one_exits_at_once()
     assert!(log.contains("second stop signal"), "{log}");
     pool.close().await;
     db.drop_db().await;
-}
-
-/// Waits for `child`, already signalled, to exit.
-async fn terminate_waited(mut child: Reaped) -> (std::process::ExitStatus, String) {
-    let exited = eventually("the process exits", async || child.0.try_wait().ok()?).await;
-    let mut log = String::new();
-    if let Some(mut stderr) = child.0.stderr.take() {
-        std::io::Read::read_to_string(&mut stderr, &mut log).expect("its log");
-    }
-    (exited, log)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
