@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::registry::{AtomicStorage, Registry};
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection};
 
 /// Runs `work` to completion on a multi-threaded runtime, as a deployment would, or on a
 /// current-thread one with `JOBS_BENCH_RUNTIME=current_thread` (what that choice costs a
@@ -47,13 +47,16 @@ where
     let mut admin = PgConnection::connect_with(&server)
         .await
         .context("connecting to PostgreSQL")?;
-    sqlx::query(&format!("create database \"{name}\""))
+    // The bench's own name: a prefix and the process id.
+    sqlx::query(AssertSqlSafe(format!("create database \"{name}\"")))
         .execute(&mut admin)
         .await?;
     let result = work(server.clone().database(&name)).await;
-    sqlx::query(&format!("drop database if exists \"{name}\" with (force)"))
-        .execute(&mut admin)
-        .await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "drop database if exists \"{name}\" with (force)"
+    )))
+    .execute(&mut admin)
+    .await?;
     result
 }
 

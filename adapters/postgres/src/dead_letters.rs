@@ -10,7 +10,7 @@ use jobs_core::{
 };
 use sqlx::postgres::PgRow;
 use sqlx::types::Uuid;
-use sqlx::{PgConnection, QueryBuilder, Row};
+use sqlx::{AssertSqlSafe, PgConnection, QueryBuilder, Row};
 
 use crate::PgStore;
 use crate::convert::{from_timestamp, id_from_uuid, to_timestamp};
@@ -163,9 +163,10 @@ impl DeadLetterStore for PgStore {
     }
 
     async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
-        sqlx::query(&format!(
+        // Constants only; the id is bound.
+        sqlx::query(AssertSqlSafe(format!(
             "select {COLUMNS} from core.dead_letters where id = $1"
-        ))
+        )))
         .bind(id.0)
         .fetch_optional(self.pool())
         .await

@@ -66,8 +66,8 @@ pub use partitions::{
 };
 #[cfg(feature = "queue")]
 pub use queue::{LEASE_STATEMENT, NewJob, PgQueue, Wake, Wakeups};
-/// The sqlx this crate is built with: handlers write through [`PgWorkTx::conn`] with it, so
-/// they need the same version.
+/// The sqlx this crate is built with, sqlx 0.9: handlers write through [`PgWorkTx::conn`]
+/// with it, so they need the same version (this re-export, or `sqlx = "0.9"` of their own).
 pub use sqlx;
 use std::time::Duration;
 pub use tenants::PgTenantDirectory;
@@ -79,7 +79,7 @@ use async_trait::async_trait;
 use jobs_core::{ConsumerName, JobId, ProcessedJobs, StoreError, WorkStore};
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
-use sqlx::{Connection, PgPool};
+use sqlx::{AssertSqlSafe, Connection, PgPool};
 
 use crate::error::store_error;
 
@@ -223,7 +223,8 @@ impl PgStore {
         loop {
             let begun = match &statement {
                 None => self.pool.begin().await,
-                Some(statement) => self.pool.begin_with(statement.clone()).await,
+                // `BEGIN` and a formatted number (`begin_within`): no input in the text.
+                Some(statement) => self.pool.begin_with(AssertSqlSafe(statement.clone())).await,
             };
             match begun {
                 Ok(tx) => return Ok(PgWorkTx::new(tx)),

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use chrono::{DateTime, Datelike, NaiveDate, SecondsFormat, Utc};
 use jobs_core::ErrorClass;
-use sqlx::{Connection, Executor, PgConnection};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 
 use crate::convert::to_timestamp;
 use crate::error::is_transient;
@@ -152,7 +152,8 @@ pub async fn precreate_monthly_partitions(
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(|e| PartitionError::database("quote the partition's DDL", e))?;
-                (&mut *tx).execute(ddl.as_str()).await.map_err(|e| {
+                // Quoted by the server's `format()` (%I, %L) just above.
+                (&mut *tx).execute(AssertSqlSafe(ddl)).await.map_err(|e| {
                     PartitionError::database(
                         &format!("create partition {}", qualified(&parent.schema, &name)),
                         e,

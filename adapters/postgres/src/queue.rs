@@ -613,7 +613,7 @@ impl SettleInTransaction<PgStore> for PgQueue {
     /// defer.
     async fn hold(&self, tx: &mut PgWorkTx, leases: &[&Lease]) -> Result<Vec<bool>, StoreError> {
         let (ids, generations) = tokens(leases.iter().copied());
-        let taken: TakenRows = sqlx::query_as(&HOLD)
+        let taken: TakenRows = sqlx::query_as(HOLD.as_str())
             .bind(&ids)
             .bind(&generations)
             .bind(Vec::<Uuid>::new())
@@ -637,7 +637,7 @@ impl SettleInTransaction<PgStore> for PgQueue {
         let (ids, generations) = tokens(deliveries.iter().map(|(lease, _)| *lease));
         let job_ids: Vec<Uuid> = deliveries.iter().map(|(_, id)| id.as_uuid()).collect();
         let (taken, claimed): (TakenRows, Vec<Uuid>) = {
-            let row = sqlx::query(&HOLD_AND_CLAIM)
+            let row = sqlx::query(HOLD_AND_CLAIM.as_str())
                 .bind(&ids)
                 .bind(&generations)
                 .bind(&job_ids)

@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use jobs_core::{BulkRun, BulkRunId, BulkRuns, DeadLetterId, Resolution, StoreError};
+use sqlx::AssertSqlSafe;
 
 use crate::SqliteStore;
 use crate::convert::{from_millis, to_millis};
@@ -106,9 +107,10 @@ impl SqliteStore {
     }
 
     async fn unfinished_of(&self, key: &str) -> Result<Option<BulkRun>, StoreError> {
-        let row: Option<Row> = sqlx::query_as(&format!(
+        // Constants only (`COLUMNS`); the key is bound.
+        let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
             "select {COLUMNS} from bulk_runs where key = ?1 and finished_at is null"
-        ))
+        )))
         .bind(key)
         .fetch_optional(self.pool())
         .await
@@ -220,19 +222,22 @@ impl BulkRuns for SqliteStore {
     }
 
     async fn run(&self, run: BulkRunId) -> Result<Option<BulkRun>, StoreError> {
-        let row: Option<Row> =
-            sqlx::query_as(&format!("select {COLUMNS} from bulk_runs where id = ?1"))
-                .bind(run.0)
-                .fetch_optional(self.pool())
-                .await
-                .map_err(|e| store_error("read bulk_runs", e))?;
+        // Constants only (`COLUMNS`); the id is bound.
+        let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+            "select {COLUMNS} from bulk_runs where id = ?1"
+        )))
+        .bind(run.0)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(|e| store_error("read bulk_runs", e))?;
         Ok(self.with_items(row.into_iter().collect()).await?.pop())
     }
 
     async fn runs(&self, limit: u32) -> Result<Vec<BulkRun>, StoreError> {
-        let rows: Vec<Row> = sqlx::query_as(&format!(
+        // Constants only (`COLUMNS`); the limit is bound.
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
             "select {COLUMNS} from bulk_runs order by id desc limit ?1"
-        ))
+        )))
         .bind(i64::from(limit))
         .fetch_all(self.pool())
         .await

@@ -8,7 +8,7 @@ use jobs_core::{
     NewDeadLetter, QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
 };
 use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, SqliteConnection};
+use sqlx::{AssertSqlSafe, QueryBuilder, Row, SqliteConnection};
 
 use crate::SqliteStore;
 use crate::convert::{from_millis, to_millis};
@@ -148,14 +148,17 @@ impl DeadLetterStore for SqliteStore {
     }
 
     async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
-        sqlx::query(&format!("select {COLUMNS} from dead_letters where id = ?1"))
-            .bind(id.0)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(|e| store_error("read dead_letters", e))?
-            .as_ref()
-            .map(dead_letter)
-            .transpose()
+        // Constants only; the id is bound.
+        sqlx::query(AssertSqlSafe(format!(
+            "select {COLUMNS} from dead_letters where id = ?1"
+        )))
+        .bind(id.0)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(|e| store_error("read dead_letters", e))?
+        .as_ref()
+        .map(dead_letter)
+        .transpose()
     }
 
     /// Only the given criteria become predicates, so the listing indexes serve each shape.

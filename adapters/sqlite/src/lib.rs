@@ -42,8 +42,8 @@ mod dead_letters;
 mod error;
 mod tx;
 
-/// The sqlx this crate is built with: handlers write through [`SqliteWorkTx::conn`] with it, so
-/// they need the same version.
+/// The sqlx this crate is built with, sqlx 0.9: handlers write through [`SqliteWorkTx::conn`]
+/// with it, so they need the same version (this re-export, or `sqlx = "0.9"` of their own).
 pub use sqlx;
 pub use tx::SqliteWorkTx;
 

@@ -23,7 +23,7 @@ async fn jobsctl_runs_the_outbox_relay_and_the_cron_scheduler_until_sigterm() {
                 .expect("jobsctl starts"),
         )
     };
-    let count = async |sql: &str| -> i64 {
+    let count = async |sql: &'static str| -> i64 {
         sqlx::query_scalar(sql)
             .fetch_one(&pool)
             .await

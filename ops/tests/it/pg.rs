@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgConnection};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection};
 
 /// A database named `<package>_<pid>_<n>_<id>`, dropped (forcibly) on [`TestDb::drop_db`].
 pub(crate) struct TestDb {
@@ -33,7 +33,7 @@ impl TestDb {
         let mut admin = PgConnection::connect_with(&server)
             .await
             .unwrap_or_else(|e| panic!("PostgreSQL must be running at DATABASE_URL: {e}"));
-        sqlx::query(&format!("create database \"{name}\""))
+        sqlx::query(AssertSqlSafe(format!("create database \"{name}\"")))
             .execute(&mut admin)
             .await
             .expect("create the test database");
@@ -67,10 +67,10 @@ impl TestDb {
         let mut admin = PgConnection::connect_with(&self.server)
             .await
             .expect("connect to drop the test database");
-        sqlx::query(&format!(
+        sqlx::query(AssertSqlSafe(format!(
             "drop database if exists \"{}\" with (force)",
             self.name
-        ))
+        )))
         .execute(&mut admin)
         .await
         .expect("drop the test database");

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use jobs_adapter_postgres::PgStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::{AssertSqlSafe, ConnectOptions, PgPool};
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -50,7 +50,7 @@ impl Databases {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(name.clone());
-        sqlx::query(&format!("create database \"{name}\""))
+        sqlx::query(AssertSqlSafe(format!("create database \"{name}\"")))
             .execute(&self.admin)
             .await
             .unwrap_or_else(|e| panic!("create database {name}: {e}"));
@@ -82,10 +82,12 @@ impl Databases {
         for name in names {
             let admin = self.admin.clone();
             drops.spawn(async move {
-                sqlx::query(&format!("drop database if exists \"{name}\" with (force)"))
-                    .execute(&admin)
-                    .await
-                    .unwrap_or_else(|e| panic!("drop database {name}: {e}"));
+                sqlx::query(AssertSqlSafe(format!(
+                    "drop database if exists \"{name}\" with (force)"
+                )))
+                .execute(&admin)
+                .await
+                .unwrap_or_else(|e| panic!("drop database {name}: {e}"));
             });
         }
         while let Some(dropped) = drops.join_next().await {

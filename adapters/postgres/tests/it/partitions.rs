@@ -21,7 +21,7 @@ fn nov30() -> SystemTime {
 /// Runs `sql`, several statements allowed (the simple query protocol; not `sqlx::raw_sql`,
 /// whose future is not provably `Send`).
 async fn exec(pool: &PgPool, sql: &str) {
-    pool.execute(sql)
+    pool.execute(sqlx::AssertSqlSafe(sql))
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
@@ -52,7 +52,7 @@ async fn partitions_of(pool: &PgPool, table: &str) -> Vec<(String, String)> {
     .expect("list partitions")
 }
 
-async fn exec_on(conn: &mut sqlx::PgConnection, sql: &str) {
+async fn exec_on(conn: &mut sqlx::PgConnection, sql: &'static str) {
     conn.execute(sql)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));

@@ -229,7 +229,7 @@ async fn publishing_in_a_rolled_back_transaction_leaves_no_job() {
 }
 
 async fn count(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar(&format!("select count(*) from {table}"))
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("select count(*) from {table}")))
         .fetch_one(pool)
         .await
         .expect("count")
