@@ -75,7 +75,15 @@ impl BetterStackAlerter {
         let mut authorization = HeaderValue::from_str(&format!("Bearer {}", config.token))
             .map_err(|_| BetterStackError::InvalidToken)?;
         authorization.set_sensitive(true);
+        // Mozilla's roots, built in (reqwest 0.12's `rustls-tls` had them): the host needs no
+        // certificate store, and its store is not read.
+        let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+            .iter()
+            .map(|der| reqwest::Certificate::from_der(der))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(BetterStackError::Client)?;
         let client = reqwest::Client::builder()
+            .tls_certs_only(roots)
             .timeout(config.timeout)
             .user_agent(USER_AGENT)
             .build()

@@ -137,7 +137,15 @@ impl QStashQueue {
         let mut auth = HeaderValue::from_str(&format!("Bearer {}", config.token))
             .map_err(|_| QStashError::InvalidToken)?;
         auth.set_sensitive(true);
+        // Mozilla's roots, built in (reqwest 0.12's `rustls-tls` had them): the host needs no
+        // certificate store, and its store is not read.
+        let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+            .iter()
+            .map(|der| reqwest::Certificate::from_der(der))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(QStashError::Client)?;
         let http = reqwest::Client::builder()
+            .tls_certs_only(roots)
             .timeout(config.timeout)
             .build()
             .map_err(QStashError::Client)?;

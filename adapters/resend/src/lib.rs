@@ -94,7 +94,15 @@ impl ResendProvider {
         }
         let user_agent =
             HeaderValue::from_str(&config.user_agent).map_err(|_| ResendError::InvalidUserAgent)?;
+        // Mozilla's roots, built in (reqwest 0.12's `rustls-tls` had them): the host needs no
+        // certificate store, and its store is not read.
+        let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+            .iter()
+            .map(|der| reqwest::Certificate::from_der(der))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ResendError::Client)?;
         let client = reqwest::Client::builder()
+            .tls_certs_only(roots)
             .timeout(config.timeout)
             .user_agent(user_agent)
             .build()

@@ -99,7 +99,15 @@ impl Http {
         config: VercelQueuesConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Http, crate::ConfigError> {
+        // Mozilla's roots, built in (reqwest 0.12's `rustls-tls` had them): the host needs no
+        // certificate store, and its store is not read.
+        let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+            .iter()
+            .map(|der| reqwest::Certificate::from_der(der))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(crate::ConfigError::Http)?;
         let client = reqwest::Client::builder()
+            .tls_certs_only(roots)
             .timeout(config.timeout)
             .user_agent(concat!("softcrum-jobs/", env!("CARGO_PKG_VERSION")))
             .build()
