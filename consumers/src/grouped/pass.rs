@@ -473,7 +473,7 @@ where
         let mut tally = Tally::default();
         for member in members {
             let kind = &member.kind;
-            let outcome = match member.verdict {
+            let outcome = match (member.verdict, member.recorded) {
                 _ if member.lost => {
                     member.span.in_scope(|| {
                         tracing::warn!(
@@ -484,26 +484,25 @@ where
                         error: "the lease was lost before the group held it".to_owned(),
                     }
                 }
-                Some(Verdict::Processed) => {
+                (Some(Verdict::Processed), _) => {
                     tally.add(Counted::Processed, kind);
                     Outcome::Processed
                 }
-                Some(Verdict::Duplicate) => {
+                (Some(Verdict::Duplicate), _) => {
                     tally.add(Counted::Duplicate, kind);
                     Outcome::Duplicate
                 }
-                Some(Verdict::RetryAt { at, cause, .. }) => {
+                (Some(Verdict::RetryAt { at, cause, .. }), _) => {
                     match cause {
                         DeadReason::UnknownKind => ctx.count_unknown_kind_retried(),
                         _ => tally.add(Counted::Retried, kind),
                     }
                     Outcome::Retrying { at }
                 }
-                Some(Verdict::DeferUntil(until) | Verdict::GiveBack { until, .. }) => {
+                (Some(Verdict::DeferUntil(until) | Verdict::GiveBack { until, .. }), _) => {
                     Outcome::Deferred { until }
                 }
-                Some(Verdict::DeadLetter { reason, error }) if member.recorded.is_some() => {
-                    let recorded = member.recorded.expect("checked");
+                (Some(Verdict::DeadLetter { reason, error }), Some(recorded)) => {
                     if let Recorded::New(_) = recorded {
                         let attempt = member.delivery.attempt;
                         (member.span)
@@ -516,7 +515,7 @@ where
                 }
                 // A committed group decided every job it held; should one slip through, its
                 // lease expires and it comes back.
-                Some(Verdict::DeadLetter { .. } | Verdict::Unsettled) | None => {
+                (Some(Verdict::DeadLetter { .. } | Verdict::Unsettled) | None, _) => {
                     member.span.in_scope(|| {
                         tracing::error!("a job of a committed group was not settled");
                     });

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryWorkTx};
-use jobs_consumers::{Handler, Job, JobError, Worker};
+use jobs_consumers::{Handler, Job, JobError, Outcome, Worker};
 use jobs_core::{
     ConsumerName, Delivery, Lease, ManualClock, PublishOptions, PullPort, QueueError, QueueName,
     QueuePort, SettleInTransaction, SettlePort, Settlement, StoreError,
@@ -38,6 +38,20 @@ impl Handler<MemoryWorkTx> for Sleeps {
     }
 }
 
+const REFUSED: &str = "test.refused";
+
+/// Refuses every job for good.
+struct Refuses;
+
+#[async_trait]
+impl Handler<MemoryWorkTx> for Refuses {
+    type Data = Nap;
+
+    async fn handle(&self, _: Job<Nap>, _: &mut MemoryWorkTx) -> Result<(), JobError> {
+        Err(JobError::permanent("never"))
+    }
+}
+
 /// A memory queue with one fault of a transport.
 struct Faulty(MemoryQueue, Fault);
 
@@ -49,6 +63,11 @@ enum Fault {
     /// It says it cannot join the store's transactions, as a queue on another database
     /// would.
     Elsewhere,
+    /// A group's second lease does not hold: it expired and moved on before the group held
+    /// it.
+    LosesHold,
+    /// Its settlement inside the transaction fails: the queue's database went away.
+    FailsSettle,
 }
 
 #[async_trait]
@@ -96,6 +115,13 @@ impl SettleInTransaction<MemoryStore> for Faulty {
         tx: &mut MemoryWorkTx,
         leases: &[&Lease],
     ) -> Result<Vec<bool>, StoreError> {
+        if self.1 == Fault::LosesHold && leases.len() > 1 {
+            let mut others = leases.to_vec();
+            others.remove(1);
+            let mut held = self.0.hold(tx, &others).await?;
+            held.insert(1, false);
+            return Ok(held);
+        }
         self.0.hold(tx, leases).await
     }
 
@@ -111,6 +137,9 @@ impl SettleInTransaction<MemoryStore> for Faulty {
         if self.1 == Fault::PanicsOnSettle && settlements.iter().any(|s| first(&s)) {
             panic!("the queue's settlement is broken");
         }
+        if self.1 == Fault::FailsSettle {
+            return Err(StoreError::unavailable("the queue's database went away"));
+        }
         self.0.settle(tx, settlements).await
     }
 }
@@ -119,8 +148,7 @@ impl SettleInTransaction<MemoryStore> for Faulty {
 /// lease runs out once the clock moves a minute on. Jobs `1..=neighbours` (taking `secs`
 /// each) are published before its lease ran out, so a worker fetches them first.
 async fn a_suspect_behind(neighbours: u64, secs: u64) -> (MemoryQueue, MemoryStore, ManualClock) {
-    let clock = ManualClock::default();
-    let queue = MemoryQueue::new(Arc::new(clock.clone()));
+    let (queue, store, clock) = fresh();
     let name: QueueName = QUEUE.parse().expect("valid");
     let publish = |n: u64, secs: u64| {
         let envelope = jobs_testkit::fixtures::envelope_with(
@@ -147,6 +175,13 @@ async fn a_suspect_behind(neighbours: u64, secs: u64) -> (MemoryQueue, MemorySto
         publish(n, secs).await;
     }
     clock.advance(Duration::from_secs(61));
+    (queue, store, clock)
+}
+
+/// An empty memory pair on a manual clock.
+fn fresh() -> (MemoryQueue, MemoryStore, ManualClock) {
+    let clock = ManualClock::default();
+    let queue = MemoryQueue::new(Arc::new(clock.clone()));
     (queue, MemoryStore::default(), clock)
 }
 
@@ -278,6 +313,122 @@ async fn a_queue_that_cannot_join_the_stores_transactions_is_refused_at_build() 
         "the queue's reason is given: {refused}"
     );
     assert!(store.effects().is_empty(), "nothing ran");
+}
+
+/// A grouped worker over `queue`, on `store` and `clock`, handling [`KIND`] with [`Sleeps`]
+/// and [`REFUSED`] with [`Refuses`].
+fn grouped<Q>(queue: Q, store: &MemoryStore, clock: ManualClock) -> Worker<MemoryStore>
+where
+    Q: SettleInTransaction<MemoryStore> + PullPort + 'static,
+{
+    Worker::grouped_builder(
+        ConsumerName::try_from("test.consumer").expect("valid"),
+        QUEUE.parse().expect("valid"),
+        Arc::new(queue),
+        Arc::new(store.clone()),
+    )
+    .handler(KIND.parse().expect("valid"), Sleeps)
+    .handler(REFUSED.parse().expect("valid"), Refuses)
+    .clock(Arc::new(clock))
+    .build()
+    .expect("valid")
+}
+
+/// Publishes a job of `kind` numbered `n` that takes no time.
+async fn publish(queue: &MemoryQueue, kind: &str, n: u64) {
+    let data = serde_json::json!({ "n": n, "secs": 0 });
+    let envelope = jobs_testkit::fixtures::envelope_with(1, kind, data);
+    (queue.publish(
+        &QUEUE.parse().expect("valid"),
+        &envelope,
+        PublishOptions::default(),
+    ))
+    .await
+    .expect("publish");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_lease_moved_before_its_group_held_it_is_left_unsettled_and_says_so() {
+    let (queue, store, clock) = fresh();
+    for n in 1..=3 {
+        publish(&queue, KIND, n).await;
+    }
+    let worker = grouped(Faulty(queue, Fault::LosesHold), &store, clock);
+    let outcomes = worker.run_once().await.expect("receive");
+    let lost: Vec<&Outcome> = (outcomes.iter())
+        .filter(|outcome| !matches!(outcome, Outcome::Processed))
+        .collect();
+    let [Outcome::Unsettled { error }] = &lost[..] else {
+        panic!("one job's lease was lost, the others processed: {outcomes:?}");
+    };
+    assert!(
+        error.contains("lease was lost before the group held it"),
+        "{error}"
+    );
+    assert_eq!(outcomes.len(), 3, "an outcome a job: {outcomes:?}");
+    let mut ran = store.effects();
+    ran.sort();
+    assert_eq!(ran, ["1", "3"], "the lost job did not run here");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_group_that_cannot_settle_commits_nothing_and_says_so_for_each_job() {
+    let (queue, store, clock) = fresh();
+    for n in 1..=3 {
+        publish(&queue, KIND, n).await;
+    }
+    let worker = grouped(Faulty(queue, Fault::FailsSettle), &store, clock);
+    let outcomes = worker.run_once().await.expect("receive");
+    assert_eq!(outcomes.len(), 3, "an outcome a job: {outcomes:?}");
+    for outcome in &outcomes {
+        let Outcome::Unsettled { error } = outcome else {
+            panic!("left to its lease: {outcomes:?}");
+        };
+        assert!(
+            error.contains("the group did not commit") && error.contains("went away"),
+            "{error}"
+        );
+    }
+    assert!(store.effects().is_empty(), "rolled back");
+}
+
+/// Metrics name a job's kind only when a handler of the worker knows it, so that no producer
+/// can make up series: a kind nobody handles is counted by queue as it is retried, not as a
+/// kind's retry, and dead-lettered as `unknown`; a known kind's dead letter names it.
+#[test]
+fn grouped_counters_name_only_the_kinds_the_worker_knows() {
+    let counted = crate::harness::every_counter(async {
+        let (queue, store, clock) = fresh();
+        publish(&queue, "billing.new_in_this_deploy", 1).await;
+        publish(&queue, REFUSED, 2).await;
+        let worker = grouped(queue, &store, clock.clone());
+        for _ in 0..10 {
+            while !worker.run_once().await.expect("receive").is_empty() {}
+            // Each retry falls due within the policy's cap.
+            clock.advance(Duration::from_secs(3_600));
+        }
+    });
+    let named = |name: &str| -> Vec<(Vec<String>, u64)> {
+        (counted.iter())
+            .filter(|(counter, ..)| counter == name)
+            .map(|(_, labels, n)| (labels.clone(), *n))
+            .collect()
+    };
+    let labels = |values: &[&str]| values.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>();
+    assert_eq!(
+        named("jobs_unknown_kind_retried_total"),
+        [(labels(&[QUEUE]), 4)],
+        "{counted:?}"
+    );
+    assert_eq!(named("jobs_retried_total"), [], "{counted:?}");
+    assert_eq!(
+        named("jobs_dead_lettered_total"),
+        [
+            (labels(&[QUEUE, REFUSED, "permanent"]), 1),
+            (labels(&[QUEUE, "unknown", "unknown_kind"]), 1),
+        ],
+        "{counted:?}"
+    );
 }
 
 /// The memory pair for the suite: a fresh queue and store on one manual clock, the store's

@@ -204,6 +204,16 @@ pub(crate) fn counters(
     name: &str,
     body: impl std::future::Future<Output = ()>,
 ) -> Vec<(Vec<String>, u64)> {
+    (every_counter(body).into_iter())
+        .filter(|(counter, ..)| counter == name)
+        .map(|(_, labels, n)| (labels, n))
+        .collect()
+}
+
+/// As [`counters`], every counter `body` counted, as (name, label values, count), sorted.
+pub(crate) fn every_counter(
+    body: impl std::future::Future<Output = ()>,
+) -> Vec<(String, Vec<String>, u64)> {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -214,17 +224,16 @@ pub(crate) fn counters(
             .expect("a runtime")
             .block_on(body);
     });
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == name)
+    let mut counted: Vec<_> = (snapshotter.snapshot().into_vec().into_iter())
         .filter_map(|(key, _, _, value)| match value {
             DebugValue::Counter(n) => Some((
+                key.key().name().to_owned(),
                 key.key().labels().map(|l| l.value().to_owned()).collect(),
                 n,
             )),
             _ => None,
         })
-        .collect()
+        .collect();
+    counted.sort();
+    counted
 }

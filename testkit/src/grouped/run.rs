@@ -83,22 +83,28 @@ where
 }
 
 /// The loop's first fetch takes one job (its slow start); with `group_linger` it then waits
-/// and fetches what fills the group, so the jobs published before it run in one group.
+/// and fetches what fills the group, so jobs published while it lingers run in the group it
+/// started.
 pub async fn a_lingering_fetch_fills_its_group<S, Q>(b: GroupedBackend<S, Q>)
 where
     S: GroupedStore,
     Q: GroupedQueue<S>,
 {
     let f = Fixture::new(b);
-    f.publish_all(0..3, "ok").await;
+    f.publish(&f.envelope(0, "ok")).await;
     let worker = Arc::new(
         (f.worker(4))
-            .group_linger(Duration::from_millis(20))
+            .group_linger(Duration::from_secs(1))
             .concurrency(1)
             .build()
             .expect("a grouped worker"),
     );
     let running = Running::start(&worker);
+    eventually("job 0 leased, its group lingering", || async {
+        f.depth().await.in_flight == 1
+    })
+    .await;
+    f.publish_all(1..3, "ok").await;
     eventually("the three jobs ran", || async {
         f.effects().await.len() >= 3
     })
