@@ -652,10 +652,10 @@ impl Handler<PgWorkTx> for Timed {
     async fn handle(&self, job: Job<Numbered>, tx: &mut PgWorkTx) -> Result<(), JobError> {
         let n = job.envelope.data.n;
         let now = Instant::now();
-        if let (Ok(mut started), Ok(n)) = (self.started.lock(), usize::try_from(n)) {
-            if let Some(slot) = started.get_mut(n) {
-                slot.get_or_insert(now);
-            }
+        if let (Ok(mut started), Ok(n)) = (self.started.lock(), usize::try_from(n))
+            && let Some(slot) = started.get_mut(n)
+        {
+            slot.get_or_insert(now);
         }
         sqlx::query("insert into effects (n) values ($1)")
             .bind(i64::try_from(n).map_err(JobError::permanent)?)

@@ -91,7 +91,7 @@ pub fn parse_http_date(value: &str) -> Option<SystemTime> {
 }
 
 fn is_leap(year: u64) -> bool {
-    (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
+    (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400)
 }
 
 fn days_in_month(year: u64, month: u64) -> u64 {

@@ -449,10 +449,10 @@ impl Cron {
         let mut date = start.date();
         let (mut hour, mut minute) = (start.hour(), start.minute());
         for _ in 0..SEARCH_DAYS {
-            if self.day_matches(date) {
-                if let Some((h, m)) = self.first_time_from(hour, minute) {
-                    return Some(date.and_hms_opt(h, m, 0)?.and_utc().timestamp());
-                }
+            if self.day_matches(date)
+                && let Some((h, m)) = self.first_time_from(hour, minute)
+            {
+                return Some(date.and_hms_opt(h, m, 0)?.and_utc().timestamp());
             }
             date = date.succ_opt()?;
             (hour, minute) = (0, 0);
@@ -466,10 +466,10 @@ impl Cron {
         let mut date = start.date();
         let (mut hour, mut minute) = (start.hour(), start.minute());
         for _ in 0..SEARCH_DAYS {
-            if self.day_matches(date) {
-                if let Some((h, m)) = self.last_time_until(hour, minute) {
-                    return Some(date.and_hms_opt(h, m, 0)?.and_utc().timestamp());
-                }
+            if self.day_matches(date)
+                && let Some((h, m)) = self.last_time_until(hour, minute)
+            {
+                return Some(date.and_hms_opt(h, m, 0)?.and_utc().timestamp());
             }
             date = date.pred_opt()?;
             (hour, minute) = (23, 59);

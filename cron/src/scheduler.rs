@@ -156,15 +156,15 @@ impl Scheduler {
             if self.last_fired(&task.kind).is_some_and(|last| last >= slot) {
                 continue;
             }
-            if let CatchUp::Skip { grace } = self.catch_up {
-                if now.duration_since(slot).unwrap_or_default() > grace {
-                    self.mark_fired(&task.kind, slot);
-                    report.skipped.push(SkippedSlot {
-                        kind: task.kind.clone(),
-                        slot,
-                    });
-                    continue;
-                }
+            if let CatchUp::Skip { grace } = self.catch_up
+                && now.duration_since(slot).unwrap_or_default() > grace
+            {
+                self.mark_fired(&task.kind, slot);
+                report.skipped.push(SkippedSlot {
+                    kind: task.kind.clone(),
+                    slot,
+                });
+                continue;
             }
             match self.fan_out(task, slot, now, false).await {
                 Ok(fan_out) => {

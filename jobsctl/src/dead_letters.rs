@@ -43,10 +43,10 @@ pub(crate) async fn list(
             first_line(&l.last_error, 60)
         )?;
     }
-    if letters.len() == usize::try_from(filter.limit).unwrap_or(usize::MAX) {
-        if let Some(last) = letters.last() {
-            writeln!(out, "(more may follow: --after {})", last.id)?;
-        }
+    if letters.len() == usize::try_from(filter.limit).unwrap_or(usize::MAX)
+        && let Some(last) = letters.last()
+    {
+        writeln!(out, "(more may follow: --after {})", last.id)?;
     }
     Ok(())
 }

@@ -517,12 +517,11 @@ impl SettlePort for Wire {
                 source: None,
             });
         }
-        if self.mutant == Mutant::RetryPoison {
-            if let Some((_, payload)) = self.payload(lease) {
-                if lock(&self.poison).contains(&payload) {
-                    return self.record_retry(lease, self.clock.now()).await;
-                }
-            }
+        if self.mutant == Mutant::RetryPoison
+            && let Some((_, payload)) = self.payload(lease)
+            && lock(&self.poison).contains(&payload)
+        {
+            return self.record_retry(lease, self.clock.now()).await;
         }
         self.inner.ack(lease).await
     }
@@ -1024,13 +1023,12 @@ where
                 .jobs
                 .iter()
                 .find(|j| Some(j.envelope.job_id) == l.job_id)
+                && l.correlation_id != Some(job.envelope.correlation_id)
             {
-                if l.correlation_id != Some(job.envelope.correlation_id) {
-                    return Err(format!(
-                        "invariant 5: dead letter of job {} lost its correlation id",
-                        job.n
-                    ));
-                }
+                return Err(format!(
+                    "invariant 5: dead letter of job {} lost its correlation id",
+                    job.n
+                ));
             }
         }
         Ok(())

@@ -161,10 +161,10 @@ impl MemoryQueue {
 
     /// Removes a held message for good.
     pub(crate) fn ack_held(&self, name: &QueueName, id: u64) {
-        if let Some(queue) = self.lock().queues.get_mut(name) {
-            if queue.unhold(id).is_some() {
-                queue.remove(id);
-            }
+        if let Some(queue) = self.lock().queues.get_mut(name)
+            && queue.unhold(id).is_some()
+        {
+            queue.remove(id);
         }
     }
 
@@ -181,10 +181,8 @@ impl MemoryQueue {
             return;
         }
         queue.make_visible_at(id, at.max(now), false);
-        if !spent {
-            if let Some(message) = queue.messages.get_mut(&id) {
-                message.deliveries = message.deliveries.saturating_sub(1);
-            }
+        if !spent && let Some(message) = queue.messages.get_mut(&id) {
+            message.deliveries = message.deliveries.saturating_sub(1);
         }
         if at <= now {
             state.wake(name);
@@ -283,10 +281,10 @@ impl State {
                 queue.dedup.remove(&key);
             }
         }
-        if let Some(key) = &key {
-            if let Some(id) = queue.dedup.get(key) {
-                return Receipt::duplicate_of(Some(message_id(*id)));
-            }
+        if let Some(key) = &key
+            && let Some(id) = queue.dedup.get(key)
+        {
+            return Receipt::duplicate_of(Some(message_id(*id)));
         }
         self.next_id += 1;
         let id = self.next_id;

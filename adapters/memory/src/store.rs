@@ -71,10 +71,10 @@ impl State {
     }
 
     fn record(&mut self, letter: NewDeadLetter) -> Recorded {
-        if let Some(key) = &letter.dedup_key {
-            if let Some(id) = self.pending_with(&letter.queue, key) {
-                return Recorded::Existing(id);
-            }
+        if let Some(key) = &letter.dedup_key
+            && let Some(id) = self.pending_with(&letter.queue, key)
+        {
+            return Recorded::Existing(id);
         }
         let id = self.next_dead_letter_id();
         self.insert(id, letter);

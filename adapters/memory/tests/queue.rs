@@ -127,7 +127,7 @@ async fn concurrent_producers_and_consumers_lose_and_double_nothing() {
                     }
                     for delivery in batch {
                         turn += 1;
-                        if (turn + c) % 5 == 0 {
+                        if (turn + c).is_multiple_of(5) {
                             let now = std::time::SystemTime::now();
                             memory.retry_at(&delivery.lease, now).await.expect("retry");
                             continue;

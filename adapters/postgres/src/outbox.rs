@@ -236,10 +236,10 @@ impl OutboxRelay {
             reason: e.to_string(),
         })?;
         let mut opts = PublishOptions::default().dedup_key(row.dedup_key.clone());
-        if let Ok(delay) = run_at.duration_since(self.clock.now()) {
-            if !delay.is_zero() {
-                opts = opts.delay(delay);
-            }
+        if let Ok(delay) = run_at.duration_since(self.clock.now())
+            && !delay.is_zero()
+        {
+            opts = opts.delay(delay);
         }
         let span = tracing::debug_span!(
             "relay",

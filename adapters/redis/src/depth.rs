@@ -207,11 +207,11 @@ impl SettlePort for CountedQueue {
     async fn ack(&self, lease: &Lease) -> Result<(), QueueError> {
         self.consumer.ack(lease).await?;
         let id = self.leased().remove(lease.token());
-        if let Some((id, _)) = id {
-            if let Err(error) = self.run(lease.queue(), "remove", &id, 0).await {
-                let queue = lease.queue();
-                tracing::warn!(%queue, job_id = id, %error, "uncounting an ack in Redis failed; the horizon will");
-            }
+        if let Some((id, _)) = id
+            && let Err(error) = self.run(lease.queue(), "remove", &id, 0).await
+        {
+            let queue = lease.queue();
+            tracing::warn!(%queue, job_id = id, %error, "uncounting an ack in Redis failed; the horizon will");
         }
         Ok(())
     }

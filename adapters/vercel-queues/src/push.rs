@@ -90,13 +90,13 @@ impl PushCallback {
                 .transpose()
         };
         let required = |name: &'static str| text(name)?.ok_or(PushError::Missing(name));
-        if let Some(kind) = text("ce-type")? {
-            if kind != "com.vercel.queue.v2beta" {
-                return Err(PushError::Invalid {
-                    name: "ce-type",
-                    reason: format!("`{kind}` is not com.vercel.queue.v2beta (binary mode)"),
-                });
-            }
+        if let Some(kind) = text("ce-type")?
+            && kind != "com.vercel.queue.v2beta"
+        {
+            return Err(PushError::Invalid {
+                name: "ce-type",
+                reason: format!("`{kind}` is not com.vercel.queue.v2beta (binary mode)"),
+            });
         }
         let topic = required("ce-vqsqueuename")?.to_owned();
         let queue = queue_of_topic(&topic)?;

@@ -68,12 +68,12 @@ pub(crate) fn normalise_error(error: &str) -> String {
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
-        if c == '"' || c == '\'' || c == '`' {
-            if let Some(end) = chars[i + 1..].iter().position(|&d| d == c) {
-                out.push_str("{}");
-                i += end + 2;
-                continue;
-            }
+        if (c == '"' || c == '\'' || c == '`')
+            && let Some(end) = chars[i + 1..].iter().position(|&d| d == c)
+        {
+            out.push_str("{}");
+            i += end + 2;
+            continue;
         }
         if c.is_ascii_hexdigit() && !prev_is_word(&chars, i) {
             let run = chars[i..]
@@ -118,13 +118,12 @@ fn next_is_word(chars: &[char], i: usize) -> bool {
 /// Raw bytes for people: the text when it is UTF-8 without control characters (but line
 /// breaks and tabs), else a hex dump of 16 bytes a line with offsets.
 pub(crate) fn raw_bytes(bytes: &[u8]) -> (bool, String) {
-    if let Ok(text) = std::str::from_utf8(bytes) {
-        if text
+    if let Ok(text) = std::str::from_utf8(bytes)
+        && text
             .chars()
             .all(|c| !c.is_control() || matches!(c, '\n' | '\r' | '\t'))
-        {
-            return (true, text.to_owned());
-        }
+    {
+        return (true, text.to_owned());
     }
     let mut out = String::new();
     for (n, line) in bytes.chunks(16).enumerate() {

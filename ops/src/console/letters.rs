@@ -109,26 +109,27 @@ pub(super) async fn letters(
         }
         body.push_str("</table>");
     }
-    if full_page && !older_hidden {
-        if let Some(last) = shown.last() {
-            let mut next = format!("/letters?before={}", last.id.0);
-            for (name, v) in [
-                ("status", &query.status),
-                ("queue", &query.queue),
-                ("tenant", &query.tenant),
-                ("kind", &query.kind),
-                ("since", &query.since),
-                ("q", &query.q),
-            ] {
-                if let Some(v) = set(v) {
-                    next.push_str(&format!("&{name}={}", query_value(v)));
-                }
+    if full_page
+        && !older_hidden
+        && let Some(last) = shown.last()
+    {
+        let mut next = format!("/letters?before={}", last.id.0);
+        for (name, v) in [
+            ("status", &query.status),
+            ("queue", &query.queue),
+            ("tenant", &query.tenant),
+            ("kind", &query.kind),
+            ("since", &query.since),
+            ("q", &query.q),
+        ] {
+            if let Some(v) = set(v) {
+                next.push_str(&format!("&{name}={}", query_value(v)));
             }
-            body.push_str(&format!(
-                "<p><a href=\"{}\">Older letters</a></p>",
-                escape(&next)
-            ));
         }
+        body.push_str(&format!(
+            "<p><a href=\"{}\">Older letters</a></p>",
+            escape(&next)
+        ));
     }
     html_page(
         StatusCode::OK,

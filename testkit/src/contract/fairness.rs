@@ -260,7 +260,10 @@ async fn run_case(t: &FairUnderTest, q: &QueueName, case: &Case) -> Result<(), T
             let Some(job) = pending.get_mut(&job_id) else {
                 continue;
             };
-            let retry = !job.retried && case.retry_every.is_some_and(|every| settled % every == 0);
+            let retry = !job.retried
+                && case
+                    .retry_every
+                    .is_some_and(|every| settled.is_multiple_of(every));
             if retry {
                 let at = t.queue.time.now() + RETRY;
                 t.queue
