@@ -26,7 +26,6 @@
 //! store and queue from `postgres_worker` instead: one pool for both, sized for the worker.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -312,36 +311,9 @@ pub enum ComposeError {
         /// The `jobs-ops` feature that composes it.
         feature: String,
     },
-    /// A key the chosen adapter needs is not set.
-    #[error("{key} is not set")]
-    Missing {
-        /// How the key is set.
-        key: String,
-    },
-    /// A value is malformed.
-    #[error("{key}: {message}")]
-    Invalid {
-        /// How the key is set.
-        key: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// A value its key refuses, named with where it came from.
-    #[error("{setting} {message}")]
-    BadValue {
-        /// The key and where its value came from.
-        setting: String,
-        /// What the key accepts, and why the value is not that.
-        message: String,
-    },
-    /// The configuration file cannot be read or holds something unexpected.
-    #[error("configuration file {}: {message}", path.display())]
-    File {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
+    /// The configuration is missing a key or holds a value its key refuses.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// The store could not be opened.
     #[error("opening the store: {0}")]
     Store(StoreError),
@@ -352,19 +324,6 @@ pub enum ComposeError {
     #[cfg(feature = "betterstack")]
     #[error("configuring the BetterStack alerter: {0}")]
     BetterStack(jobs_adapter_betterstack::BetterStackError),
-}
-
-impl From<ConfigError> for ComposeError {
-    fn from(e: ConfigError) -> Self {
-        match e {
-            ConfigError::Missing { key } => ComposeError::Missing { key },
-            ConfigError::Invalid { key, message } => ComposeError::Invalid { key, message },
-            ConfigError::File { path, message } => ComposeError::File { path, message },
-            ConfigError::BadValue { setting, message } => {
-                ComposeError::BadValue { setting, message }
-            }
-        }
-    }
 }
 
 impl ComposeError {

@@ -61,10 +61,7 @@ async fn queue(url: &str) -> Result<Queue, ComposeError> {
     let rest = ["postgres-queue://", "postgresql-queue://"]
         .iter()
         .find_map(|prefix| url.strip_prefix(prefix))
-        .ok_or_else(|| ComposeError::Invalid {
-            key: QUEUE_URL.describe(),
-            message: "expected postgres-queue://USER@HOST:PORT/DB".to_owned(),
-        })?;
+        .ok_or_else(|| QUEUE_URL.invalid("expected postgres-queue://USER@HOST:PORT/DB"))?;
     let store = PgStore::connect(&format!("postgres://{rest}"))
         .await
         .map_err(|e| ComposeError::Queue(e.to_string()))?;

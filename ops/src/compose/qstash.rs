@@ -44,10 +44,11 @@ fn qstash(config: &Config, url: &str) -> Result<QStashQueue, ComposeError> {
         .chars()
         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     {
-        return Err(ComposeError::Invalid {
-            key: QUEUE_URL.describe(),
-            message: format!("`{region}` is not a QStash region such as eu-central-1 or us-east-1"),
-        });
+        return Err(QUEUE_URL
+            .invalid(format_args!(
+                "`{region}` is not a QStash region such as eu-central-1 or us-east-1"
+            ))
+            .into());
     }
     let base_url = match (config.get(&QSTASH_BASE_URL), region) {
         (Some(base), _) => base.to_owned(),
@@ -57,14 +58,8 @@ fn qstash(config: &Config, url: &str) -> Result<QStashQueue, ComposeError> {
     let settings = QStashConfig::new(config.require(&QSTASH_TOKEN)?)
         .with_base_url(base_url)
         .with_destination_template(Destination::new(config.require(&QSTASH_DESTINATION)?))
-        .map_err(|e| ComposeError::Invalid {
-            key: QSTASH_DESTINATION.describe(),
-            message: e.to_string(),
-        })?;
-    QStashQueue::new(settings).map_err(|e| ComposeError::Invalid {
-        key: QUEUE_URL.describe(),
-        message: e.to_string(),
-    })
+        .map_err(|e| QSTASH_DESTINATION.invalid(e))?;
+    Ok(QStashQueue::new(settings).map_err(|e| QUEUE_URL.invalid(e))?)
 }
 
 /// The QStash transport [`QUEUE_URL`] names (`qstash:` or `qstash://REGION`), as its own
@@ -84,19 +79,8 @@ pub fn qstash_signing_keys(config: &Config) -> Result<SigningKeys, ComposeError>
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use super::super::{Config, ConfigFile, Queue};
-
-    fn with(url: &str, env: &[(&str, &str)]) -> Config {
-        let flags = BTreeMap::from([("--queue-url", url.to_owned())]);
-        let env: BTreeMap<String, String> = env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        Config::resolve(&flags, &|name| env.get(name).cloned(), &ConfigFile::None)
-            .expect("resolves")
-    }
+    use super::super::Queue;
+    use super::super::tests::with_queue_url as with;
 
     #[tokio::test]
     async fn a_bad_region_or_a_missing_destination_is_refused_by_name() {

@@ -20,10 +20,7 @@ pub(super) const ADAPTER: Adapter = Adapter {
 /// Token buckets in Redis at `url`, under [`RATE_LIMIT_PREFIX`]; it connects on first use.
 fn rate_limiter(config: &Config, url: &str) -> Result<Arc<dyn RateLimiter>, ComposeError> {
     let prefix = config.require(&RATE_LIMIT_PREFIX)?;
-    let limiter = RedisRateLimiter::new(url, prefix).map_err(|e| ComposeError::Invalid {
-        key: RATE_LIMIT_URL.describe(),
-        message: e.to_string(),
-    })?;
+    let limiter = RedisRateLimiter::new(url, prefix).map_err(|e| RATE_LIMIT_URL.invalid(e))?;
     Ok(Arc::new(limiter))
 }
 
@@ -36,11 +33,7 @@ fn counted(
     publisher: Arc<dyn QueuePort>,
     consumer: Arc<dyn ConsumerPort>,
 ) -> Result<Queue, ComposeError> {
-    let client =
-        jobs_adapter_redis::redis::Client::open(url).map_err(|e| ComposeError::Invalid {
-            key: DEPTH_URL.describe(),
-            message: e.to_string(),
-        })?;
+    let client = jobs_adapter_redis::redis::Client::open(url).map_err(|e| DEPTH_URL.invalid(e))?;
     let counted = CountedQueue::new(publisher, consumer, client, "jobs", DEFAULT_HORIZON);
     Ok(Queue::pull(scheme, counted, true))
 }

@@ -24,13 +24,11 @@ async fn store(url: &str) -> Result<Store, ComposeError> {
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
         .unwrap_or_default();
-    if let Some(dir) = Path::new(path).parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir).map_err(|e| ComposeError::Invalid {
-                key: DATABASE_URL.describe(),
-                message: format!("creating {}: {e}", dir.display()),
-            })?;
-        }
+    if let Some(dir) = Path::new(path).parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| DATABASE_URL.invalid(format_args!("creating {}: {e}", dir.display())))?;
     }
     let store = SqliteStore::open(path).await.map_err(ComposeError::Store)?;
     Ok(Store::Sqlite(store))

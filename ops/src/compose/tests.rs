@@ -2,7 +2,8 @@ use std::collections::BTreeMap;
 
 use super::*;
 
-fn with(flags: &[(&'static str, &str)], env: &[(&str, &str)]) -> Config {
+/// A configuration of `flags` and the environment `env`.
+pub(super) fn with(flags: &[(&'static str, &str)], env: &[(&str, &str)]) -> Config {
     let flags = flags
         .iter()
         .map(|(flag, value)| (*flag, (*value).to_owned()))
@@ -12,6 +13,11 @@ fn with(flags: &[(&'static str, &str)], env: &[(&str, &str)]) -> Config {
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
     Config::resolve(&flags, &|name| env.get(name).cloned(), &ConfigFile::None).expect("resolves")
+}
+
+/// A configuration of `--queue-url` `url` and the environment `env`.
+pub(super) fn with_queue_url(url: &str, env: &[(&str, &str)]) -> Config {
+    with(&[("--queue-url", url)], env)
 }
 
 #[test]

@@ -44,29 +44,19 @@ fn queue(config: &Config, url: &str) -> Result<Queue, ComposeError> {
 fn vercel_queues(config: &Config, url: &str) -> Result<VercelQueues, ComposeError> {
     let region = url
         .strip_prefix("vercel-queues://")
-        .ok_or_else(|| ComposeError::Invalid {
-            key: QUEUE_URL.describe(),
-            message: "expected vercel-queues://REGION, e.g. vercel-queues://iad1".to_owned(),
+        .ok_or_else(|| {
+            QUEUE_URL.invalid("expected vercel-queues://REGION, e.g. vercel-queues://iad1")
         })?
         .trim_end_matches('/');
-    let region = Region::new(region).map_err(|e| ComposeError::Invalid {
-        key: QUEUE_URL.describe(),
-        message: e.to_string(),
-    })?;
+    let region = Region::new(region).map_err(|e| QUEUE_URL.invalid(e))?;
     let token = StaticToken::new(config.require(&VERCEL_QUEUES_TOKEN)?);
     let mut settings = VercelQueuesConfig::new(region, token)
         .consumer_group(config.require(&VERCEL_QUEUES_CONSUMER_GROUP)?)
-        .map_err(|e| ComposeError::Invalid {
-            key: VERCEL_QUEUES_CONSUMER_GROUP.describe(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| VERCEL_QUEUES_CONSUMER_GROUP.invalid(e))?;
     if let Some(base) = config.get(&VERCEL_QUEUES_BASE_URL) {
         settings = settings
             .base_url_override(base)
-            .map_err(|e| ComposeError::Invalid {
-                key: VERCEL_QUEUES_BASE_URL.describe(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| VERCEL_QUEUES_BASE_URL.invalid(e))?;
     }
     if let Some(id) = config.get(&VERCEL_DEPLOYMENT_ID) {
         settings = settings.deployment_id(id);
@@ -74,10 +64,7 @@ fn vercel_queues(config: &Config, url: &str) -> Result<VercelQueues, ComposeErro
     if config.get(&VERCEL_QUEUES_TRUST_PUSHED) == Some("on") {
         settings = settings.trust_pushed_payload();
     }
-    VercelQueues::new(settings).map_err(|e| ComposeError::Invalid {
-        key: QUEUE_URL.describe(),
-        message: e.to_string(),
-    })
+    Ok(VercelQueues::new(settings).map_err(|e| QUEUE_URL.invalid(e))?)
 }
 
 /// The Vercel Queues transport [`QUEUE_URL`] names, as its own type (a worker process
@@ -88,19 +75,8 @@ pub fn vercel_queues_of(config: &Config) -> Result<VercelQueues, ComposeError> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use super::super::{Config, ConfigFile, Queue};
-
-    fn with(url: &str, env: &[(&str, &str)]) -> Config {
-        let flags = BTreeMap::from([("--queue-url", url.to_owned())]);
-        let env: BTreeMap<String, String> = env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        Config::resolve(&flags, &|name| env.get(name).cloned(), &ConfigFile::None)
-            .expect("resolves")
-    }
+    use super::super::Queue;
+    use super::super::tests::with_queue_url as with;
 
     #[tokio::test]
     async fn a_bad_region_or_a_missing_token_is_refused_by_name_and_nothing_is_asked_of_vercel() {

@@ -307,10 +307,9 @@ pub fn console_replay_rate(config: &Config) -> Result<u32, ConfigError> {
     let value = config.require(&CONSOLE_REPLAY_RATE)?;
     match value.parse::<u32>() {
         Ok(n) if n > 0 => Ok(n),
-        _ => Err(ConfigError::Invalid {
-            key: CONSOLE_REPLAY_RATE.describe(),
-            message: format!("`{value}` is not a whole number of replays a second above zero"),
-        }),
+        _ => Err(CONSOLE_REPLAY_RATE.invalid(format_args!(
+            "`{value}` is not a whole number of replays a second above zero"
+        ))),
     }
 }
 

@@ -61,6 +61,14 @@ impl Key {
             None => format!("{} ({} in jobs.toml)", self.env, self.name),
         }
     }
+
+    /// A malformed value of this key: `message` says what is wrong with it.
+    pub(crate) fn invalid(&self, message: impl std::fmt::Display) -> ConfigError {
+        ConfigError::Invalid {
+            key: self.describe(),
+            message: message.to_string(),
+        }
+    }
 }
 
 /// What follows `scheme://` in a URL with its password replaced by `…`: the one in
@@ -272,10 +280,7 @@ impl Config {
         match self.require(key)? {
             "on" => Ok(true),
             "off" => Ok(false),
-            other => Err(ConfigError::Invalid {
-                key: key.describe(),
-                message: format!("`{other}` is neither on nor off"),
-            }),
+            other => Err(key.invalid(format_args!("`{other}` is neither on nor off"))),
         }
     }
 

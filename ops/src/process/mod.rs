@@ -145,11 +145,7 @@ impl From<ConfigError> for ProcessError {
 
 /// `key` cannot be honoured, for `why`.
 fn refused(key: &Key, why: &str) -> ProcessError {
-    ComposeError::Invalid {
-        key: key.describe(),
-        message: why.to_owned(),
-    }
-    .into()
+    key.invalid(why).into()
 }
 
 /// A store a worker process can run handlers on: it opens itself from the configuration, with
