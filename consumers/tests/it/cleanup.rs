@@ -2,12 +2,16 @@
 //! TTL, and the floor a job's own TTL may not go below.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime};
 
-use jobs_consumers::{CLEANUP_KIND, Outcome, ProcessedCleanup};
-use jobs_core::{ProcessedJobs, PublishOptions, QueuePort};
-
-use jobs_consumers::JobError;
+use async_trait::async_trait;
+use jobs_adapter_memory::{MemoryStore, MemoryWorkTx};
+use jobs_consumers::{CLEANUP_KIND, Handler, Job, JobError, Outcome, ProcessedCleanup};
+use jobs_core::{
+    Claim, ConsumerName, JobId, NewDeadLetter, ProcessedJobs, PublishOptions, QueuePort, Recorded,
+    StoreError, WorkStore, WorkTransaction,
+};
 
 use crate::harness::Harness;
 
@@ -29,7 +33,104 @@ async fn processed(n: u64) -> Harness {
 }
 
 fn cleanup(h: &Harness) -> ProcessedCleanup {
-    ProcessedCleanup::new(Arc::new(h.store.clone())).clock(Arc::new(h.clock.clone()))
+    ProcessedCleanup::new(Arc::new(Bounded::new(h.store.clone()))).clock(Arc::new(h.clock.clone()))
+}
+
+/// More purges than any test here needs: a cleanup that asks for another batch after a short
+/// one fails at this many rather than asking forever.
+const MOST_BATCHES: u32 = 100;
+
+/// The harness's store, or a transaction of it, answering at most [`MOST_BATCHES`] purges.
+struct Bounded<T> {
+    inner: T,
+    asked: AtomicU32,
+}
+
+impl<T> Bounded<T> {
+    fn new(inner: T) -> Self {
+        Bounded {
+            inner,
+            asked: AtomicU32::new(0),
+        }
+    }
+
+    fn ask(&self) {
+        let asked = self.asked.fetch_add(1, Ordering::Relaxed) + 1;
+        assert!(
+            asked <= MOST_BATCHES,
+            "asked for {asked} batches: the cleanup did not stop at a short one"
+        );
+    }
+}
+
+#[async_trait]
+impl ProcessedJobs for Bounded<MemoryStore> {
+    async fn is_processed(
+        &self,
+        job_id: JobId,
+        consumer: &ConsumerName,
+    ) -> Result<bool, StoreError> {
+        self.inner.is_processed(job_id, consumer).await
+    }
+
+    async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError> {
+        self.ask();
+        self.inner.purge_processed(older_than, batch).await
+    }
+}
+
+#[async_trait]
+impl WorkTransaction for Bounded<MemoryWorkTx> {
+    async fn claim(
+        &mut self,
+        job_id: JobId,
+        consumer: &ConsumerName,
+        at: SystemTime,
+    ) -> Result<Claim, StoreError> {
+        self.inner.claim(job_id, consumer, at).await
+    }
+
+    async fn record_dead_letter(&mut self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
+        self.inner.record_dead_letter(letter).await
+    }
+
+    async fn purge_processed(
+        &mut self,
+        older_than: SystemTime,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        self.ask();
+        self.inner.purge_processed(older_than, batch).await
+    }
+
+    async fn commit(self) -> Result<(), StoreError> {
+        self.inner.commit().await
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        self.inner.rollback().await
+    }
+}
+
+/// Runs `cleanup` as the handler of a cleanup job asking for `data`, in a transaction of the
+/// harness's store (bounded, as above) that commits when it succeeds.
+async fn handled(
+    h: &Harness,
+    cleanup: &ProcessedCleanup,
+    data: serde_json::Value,
+) -> Result<(), JobError> {
+    let envelope = jobs_testkit::fixtures::envelope_with(1, CLEANUP_KIND, data);
+    let job = Job::new(
+        envelope.into_typed().expect("a cleanup request"),
+        "core.maintenance".parse().expect("valid"),
+        1,
+    );
+    let mut tx = Bounded::new(h.store.begin().await.expect("begin"));
+    let handled = cleanup.handle(job, &mut tx).await;
+    if handled.is_ok() {
+        tx.commit().await.expect("commit");
+    }
+    handled
 }
 
 #[tokio::test]
@@ -117,21 +218,11 @@ async fn a_cleanup_job_may_ask_for_eight_days_and_not_less() {
 #[tokio::test]
 async fn a_cleanup_job_at_the_floor_purges_what_is_older() {
     let h = processed(2).await;
-    let (maintenance, cleaner) = h.cleaner(cleanup(&h).ttl(DAY));
     h.clock.advance(8 * DAY + Duration::from_secs(1));
-    let job = jobs_testkit::fixtures::envelope_with(
-        1,
-        CLEANUP_KIND,
-        serde_json::json!({ "ttl_secs": 8 * DAY.as_secs() }),
-    );
-    h.queue
-        .publish(&maintenance, &job, PublishOptions::default())
+    let at_the_floor = serde_json::json!({ "ttl_secs": 8 * DAY.as_secs() });
+    handled(&h, &cleanup(&h).ttl(DAY), at_the_floor)
         .await
-        .expect("publish");
-    assert_eq!(
-        cleaner.run_once().await.expect("receive"),
-        [Outcome::Processed]
-    );
+        .expect("purged");
     assert_eq!(
         cleanup(&h)
             .purge(Some(Duration::ZERO))
@@ -148,16 +239,10 @@ fn the_cleanup_job_counts_the_rows_it_purged() {
     let counted = crate::harness::counters("jobs_processed_purged_total", async {
         let h = processed(7).await;
         h.clock.advance(2 * DAY);
-        let (maintenance, cleaner) = h.cleaner(cleanup(&h).ttl(DAY).batch(3));
-        let job = jobs_testkit::fixtures::envelope_with(1, CLEANUP_KIND, serde_json::json!({}));
-        h.queue
-            .publish(&maintenance, &job, PublishOptions::default())
+        let cleanup = cleanup(&h).ttl(DAY).batch(3);
+        handled(&h, &cleanup, serde_json::json!({}))
             .await
-            .expect("publish");
-        assert_eq!(
-            cleaner.run_once().await.expect("receive"),
-            [Outcome::Processed]
-        );
+            .expect("purged");
     });
     assert_eq!(
         counted,

@@ -347,14 +347,20 @@ async fn publish(queue: &MemoryQueue, kind: &str, n: u64) {
     .expect("publish");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_job_whose_lease_moved_before_its_group_held_it_is_left_unsettled_and_says_so() {
+/// Jobs 1, 2 and 3 run once by a grouped worker over a queue with `fault`: their outcomes,
+/// and the store.
+async fn three_jobs_run_once(fault: Fault) -> (Vec<Outcome>, MemoryStore) {
     let (queue, store, clock) = fresh();
     for n in 1..=3 {
         publish(&queue, KIND, n).await;
     }
-    let worker = grouped(Faulty(queue, Fault::LosesHold), &store, clock);
-    let outcomes = worker.run_once().await.expect("receive");
+    let worker = grouped(Faulty(queue, fault), &store, clock);
+    (worker.run_once().await.expect("receive"), store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_lease_moved_before_its_group_held_it_is_left_unsettled_and_says_so() {
+    let (outcomes, store) = three_jobs_run_once(Fault::LosesHold).await;
     let lost: Vec<&Outcome> = (outcomes.iter())
         .filter(|outcome| !matches!(outcome, Outcome::Processed))
         .collect();
@@ -373,12 +379,7 @@ async fn a_job_whose_lease_moved_before_its_group_held_it_is_left_unsettled_and_
 
 #[tokio::test(start_paused = true)]
 async fn a_group_that_cannot_settle_commits_nothing_and_says_so_for_each_job() {
-    let (queue, store, clock) = fresh();
-    for n in 1..=3 {
-        publish(&queue, KIND, n).await;
-    }
-    let worker = grouped(Faulty(queue, Fault::FailsSettle), &store, clock);
-    let outcomes = worker.run_once().await.expect("receive");
+    let (outcomes, store) = three_jobs_run_once(Fault::FailsSettle).await;
     assert_eq!(outcomes.len(), 3, "an outcome a job: {outcomes:?}");
     for outcome in &outcomes {
         let Outcome::Unsettled { error } = outcome else {
@@ -472,23 +473,4 @@ macro_rules! suite {
     };
 }
 
-suite!(
-    a_failing_job_takes_nothing_from_its_group,
-    a_group_skips_a_job_processed_before,
-    undoing_a_failed_job_keeps_what_its_neighbours_settled,
-    a_group_size_out_of_bounds_is_refused,
-    a_group_runs_the_jobs_that_get_ready_and_defers_the_others,
-    groups_fit_the_transactions_checkpoint_budget,
-    when_the_first_job_to_write_fails_the_group_starts_again_without_it,
-    a_group_of_rerunnable_jobs_runs_the_others_again_when_one_fails,
-    a_rerunnable_group_tries_again_without_checkpoints_then_carefully,
-    a_rerunnable_group_checkpoints_as_often_as_its_jobs_fail,
-    groups_hold_about_group_time_of_their_handlers,
-    a_lingering_fetch_fills_its_group,
-    a_linger_never_delays_an_empty_fetch_or_a_full_group,
-    a_busy_grouped_worker_leases_no_more_while_a_group_waits,
-    a_stop_gives_back_fetched_jobs_with_their_attempt_unspent,
-    a_job_whose_lease_expired_runs_alone_with_nothing_else_leased,
-    the_grouped_loop_drains_a_backlog_once_and_wakes_for_new_jobs,
-    a_grouped_worker_counts_each_job_once_by_outcome_and_kind,
-);
+jobs_testkit::grouped_cases!(suite);

@@ -12,30 +12,8 @@ fn write_effect(tx: &mut MemoryWorkTx, key: String) -> BoxFuture<'_, Result<(), 
 }
 
 async fn memory() -> (Backend<MemoryStore>, Transport) {
-    let clock = ManualClock::default();
-    let queue = MemoryQueue::new(Arc::new(clock.clone()));
-    let store = MemoryStore::default();
-    let effects = store.clone();
-    let inject = queue.clone();
-    (
-        Backend {
-            store,
-            write_effect,
-            effects: Arc::new(move || {
-                let effects = effects.effects();
-                Box::pin(async move { effects })
-            }),
-        },
-        Transport {
-            publisher: Arc::new(queue.clone()),
-            consumer: Arc::new(queue.clone()),
-            depth: Arc::new(queue),
-            inject: Arc::new(move |name, bytes| {
-                inject.publish_bytes(name, bytes, &PublishOptions::default());
-            }),
-            clock,
-        },
-    )
+    let (backend, transport, _) = memory_grouped().await;
+    (backend, transport)
 }
 
 #[test]
@@ -50,8 +28,8 @@ fn mutants_are_caught() {
     }
 }
 
-/// [`memory`] with the queue itself, for the grouped model: the memory queue settles inside
-/// the memory store's transactions.
+/// A fresh memory store and queue on one manual clock, with the queue itself for the grouped
+/// model (the memory queue settles inside the memory store's transactions).
 async fn memory_grouped() -> (Backend<MemoryStore>, Transport, Arc<MemoryQueue>) {
     let clock = ManualClock::default();
     let queue = MemoryQueue::new(Arc::new(clock.clone()));

@@ -76,15 +76,7 @@ async fn migrate_then_review_and_discard_dead_letters_on_sqlite() {
         "{table}"
     );
 
-    let shown = jobsctl(&[
-        "dead-letters",
-        "show",
-        "1",
-        "--json",
-        "--database-url",
-        &url,
-    ]);
-    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("show prints JSON");
+    let json = shown_json(&url);
     assert_eq!(
         json["payload"]["hex"], "ff006e6f74206a736f6e",
         "raw bytes shown intact"
@@ -121,15 +113,7 @@ async fn migrate_then_review_and_discard_dead_letters_on_sqlite() {
         events[0].ends_with("  pending_review -> discarded  jobsctl (alice)"),
         "{text}"
     );
-    let shown = jobsctl(&[
-        "dead-letters",
-        "show",
-        "1",
-        "--json",
-        "--database-url",
-        &url,
-    ]);
-    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("show prints JSON");
+    let json = shown_json(&url);
     let history = json["history"].as_array().expect("a history array");
     assert_eq!(history.len(), 1, "{json}");
     assert_eq!(
@@ -433,4 +417,10 @@ fn the_console_refuses_to_serve_without_sign_in_beyond_loopback_or_without_token
     assert_eq!(short.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&short.stderr);
     assert!(stderr.contains("at least 16 characters"), "{stderr}");
+}
+
+/// `jobsctl dead-letters show 1 --json` on the store at `url`, parsed.
+fn shown_json(url: &str) -> serde_json::Value {
+    let shown = jobsctl(&["dead-letters", "show", "1", "--json", "--database-url", url]);
+    serde_json::from_slice(&shown.stdout).expect("show prints JSON")
 }

@@ -15,10 +15,50 @@
 //! back what it fetched, a backlog drained).
 //!
 //! The cases need a checkpoint budget between 14 and 36 (PostgreSQL's is 31): a budget
-//! outside it is refused by name rather than tested weakly.
+//! outside it is refused by name rather than tested weakly. [`grouped_cases!`] names every
+//! case, so that each pair runs them all.
 
 pub mod passes;
 pub mod run;
+
+/// Calls the macro `$each` with the name of every case of the suite, comma-separated: a
+/// runner declares one test per case in `$each` (its attributes, its pair), and runs a case
+/// added here without being told.
+///
+/// ```ignore
+/// macro_rules! suite {
+///     ($($case:ident),*) => {$(
+///         #[tokio::test(start_paused = true)]
+///         async fn $case() { jobs_testkit::grouped::$case(pair().await).await }
+///     )*};
+/// }
+/// jobs_testkit::grouped_cases!(suite);
+/// ```
+#[macro_export]
+macro_rules! grouped_cases {
+    ($each:ident) => {
+        $each!(
+            a_failing_job_takes_nothing_from_its_group,
+            a_group_skips_a_job_processed_before,
+            undoing_a_failed_job_keeps_what_its_neighbours_settled,
+            a_group_size_out_of_bounds_is_refused,
+            a_group_runs_the_jobs_that_get_ready_and_defers_the_others,
+            groups_fit_the_transactions_checkpoint_budget,
+            when_the_first_job_to_write_fails_the_group_starts_again_without_it,
+            a_group_of_rerunnable_jobs_runs_the_others_again_when_one_fails,
+            a_rerunnable_group_tries_again_without_checkpoints_then_carefully,
+            a_rerunnable_group_checkpoints_as_often_as_its_jobs_fail,
+            a_grouped_worker_counts_each_job_once_by_outcome_and_kind,
+            groups_hold_about_group_time_of_their_handlers,
+            a_lingering_fetch_fills_its_group,
+            a_linger_never_delays_an_empty_fetch_or_a_full_group,
+            a_busy_grouped_worker_leases_no_more_while_a_group_waits,
+            a_stop_gives_back_fetched_jobs_with_their_attempt_unspent,
+            a_job_whose_lease_expired_runs_alone_with_nothing_else_leased,
+            the_grouped_loop_drains_a_backlog_once_and_wakes_for_new_jobs
+        );
+    };
+}
 
 pub use passes::*;
 pub use run::*;
@@ -321,6 +361,17 @@ impl<S: GroupedStore, Q: GroupedQueue<S>> Fixture<S, Q> {
             .publish(&self.name, envelope, opts)
             .await
             .expect("publish");
+    }
+
+    /// Publishes a job of each `(n, then)` step, in order; their envelopes.
+    async fn publish_steps(&self, steps: &[(i64, &str)]) -> Vec<Envelope> {
+        let mut envelopes = Vec::with_capacity(steps.len());
+        for &(n, then) in steps {
+            let envelope = self.envelope(n, then);
+            self.publish(&envelope).await;
+            envelopes.push(envelope);
+        }
+        envelopes
     }
 
     /// Jobs numbered `ns`, each doing `then`.

@@ -43,10 +43,7 @@ where
         (6, "defer"),
         (7, "ok"),
     ];
-    let envelopes: Vec<_> = steps.iter().map(|&(n, then)| f.envelope(n, then)).collect();
-    for envelope in &envelopes {
-        f.publish(envelope).await;
-    }
+    let envelopes = f.publish_steps(&steps).await;
     // A second copy of job 0 under another key: the group runs it once.
     f.publish_with(&envelopes[0], PublishOptions::default().dedup_key("copy"))
         .await;
@@ -137,14 +134,9 @@ where
 {
     let f = Fixture::new(b);
     let worker = f.worker(3).build().expect("a grouped worker");
-    let envelopes = [
-        f.envelope(1, "ok"),
-        f.envelope(2, "permanent-early"),
-        f.envelope(3, "retry"),
-    ];
-    for envelope in &envelopes {
-        f.publish(envelope).await;
-    }
+    let envelopes = f
+        .publish_steps(&[(1, "ok"), (2, "permanent-early"), (3, "retry")])
+        .await;
     let outcomes = worker.run_once().await.expect("receive");
     assert!(
         matches!(
@@ -320,14 +312,9 @@ pub async fn when_the_first_job_to_write_fails_the_group_starts_again_without_it
 {
     let f = Fixture::new(b);
     let worker = f.worker(8).build().expect("a grouped worker");
-    let envelopes = [
-        f.envelope(0, "no-write"),
-        f.envelope(1, "retry"),
-        f.envelope(2, "ok"),
-    ];
-    for envelope in &envelopes {
-        f.publish(envelope).await;
-    }
+    let envelopes = f
+        .publish_steps(&[(0, "no-write"), (1, "retry"), (2, "ok")])
+        .await;
     let outcomes = worker.run_once().await.expect("run");
     assert_eq!(outcomes[0], Outcome::Processed, "{outcomes:?}");
     assert!(retrying(&outcomes[1]), "{outcomes:?}");

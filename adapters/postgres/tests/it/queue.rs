@@ -6,16 +6,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use jobs_adapter_postgres::{NewJob, PgQueue, PgStore, PgWorkTx, Wake, sqlx};
+use jobs_adapter_postgres::{NewJob, PgQueue, PgStore, Wake, sqlx};
 use jobs_core::{
     Claim, Clock, ConsumerName, GroupTransaction, ManualClock, PublishOptions, PullPort,
     QueueDepth, QueueError, QueueName, QueuePort, SettleInTransaction, SettlePort, Settlement,
-    StoreError, TenantFairness, WorkStore, WorkTransaction,
+    TenantFairness, WorkStore, WorkTransaction,
 };
 use jobs_testkit::contract::fairness::{self, FairUnderTest};
 use jobs_testkit::contract::queue::{self, QueueUnderTest};
 use jobs_testkit::fixtures;
-use jobs_testkit::model::{self, Backend, BoxFuture, Transport};
+use jobs_testkit::model::{self, Backend, Transport};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -725,20 +725,6 @@ async fn wait_for_work_resolves_when_a_delay_or_a_retry_falls_due() {
     .await;
 }
 
-fn write_effect(tx: &mut PgWorkTx, key: String) -> BoxFuture<'_, Result<(), StoreError>> {
-    Box::pin(async move {
-        sqlx::query("insert into model_effects (key) values ($1)")
-            .bind(key)
-            .execute(tx.conn())
-            .await
-            .map(drop)
-            .map_err(|e| StoreError::Unavailable {
-                message: "insert the effect".into(),
-                source: Some(Box::new(e)),
-            })
-    })
-}
-
 /// A database for the model's cases, migrated, with its effects table.
 fn model_database(runtime: &tokio::runtime::Runtime) -> (Arc<Databases>, PgConnectOptions) {
     runtime.block_on(async {
@@ -751,10 +737,7 @@ fn model_database(runtime: &tokio::runtime::Runtime) -> (Arc<Databases>, PgConne
             .migrate()
             .await
             .expect("migrate");
-        sqlx::query("create table model_effects (key text not null)")
-            .execute(&pool)
-            .await
-            .expect("create the effects table");
+        crate::effects::create_table(&pool).await;
         pool.close().await;
         (dbs, options)
     })
@@ -786,22 +769,9 @@ async fn model_case(
         .expect("empty the tables");
     let clock = ManualClock::default();
     let queue = PgQueue::new(queue_pool).with_clock(Arc::new(clock.clone()));
-    let effects_pool = pool.clone();
     let inject_clock = clock.clone();
     (
-        Backend {
-            store: PgStore::from_pool(pool),
-            write_effect,
-            effects: Arc::new(move || {
-                let pool = effects_pool.clone();
-                Box::pin(async move {
-                    sqlx::query_scalar("select key from model_effects")
-                        .fetch_all(&pool)
-                        .await
-                        .expect("read the effects")
-                })
-            }),
-        },
+        crate::effects::backend(PgStore::from_pool(pool)),
         Transport {
             publisher: Arc::new(queue.clone()),
             consumer: Arc::new(queue.clone()),
