@@ -369,15 +369,20 @@ fn summary(rows: &[Row], failure: Option<&Failure>) -> String {
     out
 }
 
-/// Runs every step in order, stops at the first failure, prints the summary.
-fn ci() -> ExitCode {
-    let root = workspace_root();
-    let nextest = Command::new(cargo())
+/// Whether `cargo nextest` is installed.
+fn has_nextest() -> bool {
+    Command::new(cargo())
         .args(["nextest", "--version"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_ok_and(|status| status.success());
+        .is_ok_and(|status| status.success())
+}
+
+/// Runs every step in order, stops at the first failure, prints the summary.
+fn ci() -> ExitCode {
+    let root = workspace_root();
+    let nextest = has_nextest();
     if !nextest {
         println!("xtask: cargo-nextest is not installed; the test step uses cargo test");
     }

@@ -51,6 +51,12 @@ struct Group {
     /// The least time a mutant's tests get before it counts as timed out (a hang is caught).
     /// Fast suites hang at once; a real database's may be slow on a loaded machine.
     min_timeout_secs: u32,
+    /// Run the tests with nextest's `mutants` profile (`.config/nextest.toml`): the first
+    /// failing test ends the run, and a test still running after 6 s is killed and fails.
+    /// For suites whose every test takes well under a second, on paused time: there a
+    /// mutant that makes a loop spin never lets the clock move, so no deadline of the test's
+    /// own can fire, and under `cargo test` it holds the whole binary to the timeout.
+    nextest: bool,
 }
 
 /// Own tests of a package, without its doctests (their builds dominate a mutant's time and
@@ -75,6 +81,7 @@ impl Group {
             test_args: OWN_TESTS,
             missed_by: None,
             min_timeout_secs,
+            nextest: false,
         }
     }
 }
@@ -86,7 +93,10 @@ impl Group {
 const PG_TEST_THREADS: &str = "--test-threads=8";
 
 const GROUPS: &[Group] = &[
-    Group::own("consumers", "jobs-consumers", &["consumers/src/**"], 20),
+    Group {
+        nextest: true,
+        ..Group::own("consumers", "jobs-consumers", &["consumers/src/**"], 20)
+    },
     // The runtime on PostgreSQL: what its own tests (on the memory pair) missed, against the
     // model and the grouped suite on a real queue and store and the reference composition's
     // grouped tests (killed connections, statement_timeout, a deferred constraint).
@@ -121,6 +131,7 @@ const GROUPS: &[Group] = &[
         ],
         missed_by: Some("consumers"),
         min_timeout_secs: 120,
+        nextest: false,
     },
     // The PostgreSQL side of the grouped path: leasing, taking, claiming and settling inside
     // the work transaction, the lease tokens, the work transaction's group side, and the
@@ -140,6 +151,7 @@ const GROUPS: &[Group] = &[
         test_args: &["--test", "it", "--", "queue::", PG_TEST_THREADS],
         missed_by: None,
         min_timeout_secs: 120,
+        nextest: false,
     },
     Group::own(
         "notifications",
@@ -389,6 +401,19 @@ fn run_group(
         .arg(format!("--minimum-test-timeout={}", group.min_timeout_secs))
         .arg("--output")
         .arg(dir);
+    if group.nextest {
+        if crate::has_nextest() {
+            command
+                .args(["--test-tool", "nextest"])
+                .env("NEXTEST_PROFILE", "mutants");
+        } else {
+            println!(
+                "mutants: cargo-nextest is not installed; {} runs under cargo test, where a \
+                 mutant that makes a loop spin times out",
+                group.name
+            );
+        }
+    }
     for file in group.files {
         command.args(["--file", file]);
     }

@@ -185,15 +185,10 @@ fn fresh() -> (MemoryQueue, MemoryStore, ManualClock) {
     (queue, MemoryStore::default(), clock)
 }
 
-/// Waits (in paused time) until `store` holds `n` effects.
+/// Waits (in paused time, ten minutes of it at most) until `store` holds `n` effects.
 async fn effects(store: &MemoryStore, n: usize) {
-    for _ in 0..100_000 {
-        if store.effects().len() >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{n} effects: {:?}", store.effects());
+    let done = || async { store.effects().len() >= n };
+    crate::harness::eventually(&format!("{n} effects"), Duration::from_secs(600), done).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -219,7 +214,9 @@ async fn a_worker_running_a_suspect_job_alone_is_not_reported_stuck() {
         let _ = stopped.await;
     }));
     let mut longest = Duration::ZERO;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
     while store.effects().len() < 4 {
+        assert!(tokio::time::Instant::now() < deadline, "the four jobs ran");
         tokio::time::sleep(Duration::from_secs(1)).await;
         longest = longest.max(worker.stuck().unwrap_or_default());
     }
@@ -404,7 +401,11 @@ fn grouped_counters_name_only_the_kinds_the_worker_knows() {
         publish(&queue, REFUSED, 2).await;
         let worker = grouped(queue, &store, clock.clone());
         for _ in 0..10 {
-            while !worker.run_once().await.expect("receive").is_empty() {}
+            for _ in 0..10 {
+                if worker.run_once().await.expect("receive").is_empty() {
+                    break;
+                }
+            }
             // Each retry falls due within the policy's cap.
             clock.advance(Duration::from_secs(3_600));
         }
