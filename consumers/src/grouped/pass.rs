@@ -40,7 +40,7 @@ use crate::delivery::{
 };
 use crate::handler::{Canceller, Prepared};
 use crate::retry::random_unit;
-use crate::verdict::{DeadReason, Outcome, Tried, Verdict, verdict};
+use crate::verdict::{Outcome, Tried, Verdict, verdict};
 
 /// How many passes a group of rerunnable jobs makes without checkpoints before a careful one:
 /// each pass costs the group's jobs again, a careful one a round trip per job (and it may run
@@ -492,11 +492,10 @@ where
                     tally.add(Counted::Duplicate, kind);
                     Outcome::Duplicate
                 }
-                (Some(Verdict::RetryAt { at, cause, .. }), _) => {
-                    match cause {
-                        DeadReason::UnknownKind => ctx.count_unknown_kind_retried(),
-                        _ => tally.add(Counted::Retried, kind),
-                    }
+                // A member's handler ran: a kind no handler knows was settled by the triage,
+                // before the group, and counted there.
+                (Some(Verdict::RetryAt { at, .. }), _) => {
+                    tally.add(Counted::Retried, kind);
                     Outcome::Retrying { at }
                 }
                 (Some(Verdict::DeferUntil(until) | Verdict::GiveBack { until, .. }), _) => {
