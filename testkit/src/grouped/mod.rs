@@ -15,8 +15,8 @@
 //! back what it fetched, a backlog drained).
 //!
 //! The cases need a checkpoint budget between 14 and 36 (PostgreSQL's is 31): a budget
-//! outside it is refused by name rather than tested weakly. [`grouped_cases!`] names every
-//! case, so that each pair runs them all.
+//! outside it is refused by name rather than tested weakly.
+//! [`grouped_cases!`](crate::grouped_cases) names every case, so that each pair runs them all.
 
 pub mod passes;
 pub mod run;
