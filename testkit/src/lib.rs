@@ -5,6 +5,7 @@
 //! - [`mock`]: mockall mocks of the ports, for unit tests of code that publishes or consumes.
 //! - [`TimeTravel`]: how a suite moves time, a manual clock for in-process transports.
 //! - [`fixtures`]: envelopes and ids for tests.
+//! - [`eventually`]: a wait for a condition that fails, rather than hangs, past its deadline.
 //! - [`fakes`]: local servers that speak a vendor's HTTP API, with fault hooks.
 //! - [`emulators`]: vendors' own local emulators (Vercel Queues), started per test.
 //!
@@ -23,6 +24,24 @@ pub mod faults;
 pub mod fixtures;
 pub mod grouped;
 pub mod model;
+
+/// Waits until `done` holds, looking every 10 ms of the runtime's time, for at most `within`
+/// of it (at once with time paused): a wait that would never end fails, saying `what`,
+/// instead of hanging the run.
+pub async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    within: std::time::Duration,
+    mut done: impl FnMut() -> F,
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
 
 /// mockall mocks of the ports a module's code most often calls, re-exported from `jobs-core`'s
 /// `mock` feature (which has the others too).

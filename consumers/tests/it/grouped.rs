@@ -188,7 +188,7 @@ fn fresh() -> (MemoryQueue, MemoryStore, ManualClock) {
 /// Waits (in paused time, ten minutes of it at most) until `store` holds `n` effects.
 async fn effects(store: &MemoryStore, n: usize) {
     let done = || async { store.effects().len() >= n };
-    crate::harness::eventually(&format!("{n} effects"), Duration::from_secs(600), done).await;
+    jobs_testkit::eventually(&format!("{n} effects"), Duration::from_secs(600), done).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -197,17 +197,10 @@ async fn a_worker_running_a_suspect_job_alone_is_not_reported_stuck() {
     // at once), longer than a loop may go without turning (71 s by default).
     let (queue, store, clock) = a_suspect_behind(3, 50).await;
     let worker = Arc::new(
-        Worker::grouped_builder(
-            ConsumerName::try_from("test.consumer").expect("valid"),
-            QUEUE.parse().expect("valid"),
-            Arc::new(queue),
-            Arc::new(store.clone()),
-        )
-        .handler(KIND.parse().expect("valid"), Sleeps)
-        .clock(Arc::new(clock))
-        .group_time(Duration::from_secs(3_600))
-        .build()
-        .expect("valid"),
+        grouped_builder(queue, &store, clock)
+            .group_time(Duration::from_secs(3_600))
+            .build()
+            .expect("valid"),
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(worker.clone().run(async {
@@ -248,16 +241,9 @@ fn a_panic_in_a_grouped_task_while_a_suspect_waits_is_logged_and_counted() {
             // (job 0) waits for it.
             let (queue, store, clock) = a_suspect_behind(1, 10).await;
             let worker = Arc::new(
-                Worker::grouped_builder(
-                    ConsumerName::try_from("test.consumer").expect("valid"),
-                    QUEUE.parse().expect("valid"),
-                    Arc::new(Faulty(queue, Fault::PanicsOnSettle)),
-                    Arc::new(store.clone()),
-                )
-                .handler(KIND.parse().expect("valid"), Sleeps)
-                .clock(Arc::new(clock))
-                .build()
-                .expect("valid"),
+                grouped_builder(Faulty(queue, Fault::PanicsOnSettle), &store, clock)
+                    .build()
+                    .expect("valid"),
             );
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let running = tokio::spawn(worker.run(async {
@@ -293,15 +279,7 @@ fn a_panic_in_a_grouped_task_while_a_suspect_waits_is_logged_and_counted() {
 #[tokio::test(start_paused = true)]
 async fn a_queue_that_cannot_join_the_stores_transactions_is_refused_at_build() {
     let (queue, store, clock) = a_suspect_behind(0, 0).await;
-    let built = Worker::grouped_builder(
-        ConsumerName::try_from("test.consumer").expect("valid"),
-        QUEUE.parse().expect("valid"),
-        Arc::new(Faulty(queue, Fault::Elsewhere)),
-        Arc::new(store.clone()),
-    )
-    .handler(KIND.parse().expect("valid"), Sleeps)
-    .clock(Arc::new(clock))
-    .build();
+    let built = grouped_builder(Faulty(queue, Fault::Elsewhere), &store, clock).build();
     let Err(refused) = built else {
         panic!("refused: its groups could not commit with their work");
     };
@@ -312,9 +290,21 @@ async fn a_queue_that_cannot_join_the_stores_transactions_is_refused_at_build() 
     assert!(store.effects().is_empty(), "nothing ran");
 }
 
-/// A grouped worker over `queue`, on `store` and `clock`, handling [`KIND`] with [`Sleeps`]
-/// and [`REFUSED`] with [`Refuses`].
+/// A grouped worker over `queue`, as [`grouped_builder`] configures it.
 fn grouped<Q>(queue: Q, store: &MemoryStore, clock: ManualClock) -> Worker<MemoryStore>
+where
+    Q: SettleInTransaction<MemoryStore> + PullPort + 'static,
+{
+    grouped_builder(queue, store, clock).build().expect("valid")
+}
+
+/// A grouped worker's builder over `queue`, on `store` and `clock`, handling [`KIND`] with
+/// [`Sleeps`] and [`REFUSED`] with [`Refuses`].
+fn grouped_builder<Q>(
+    queue: Q,
+    store: &MemoryStore,
+    clock: ManualClock,
+) -> jobs_consumers::WorkerBuilder<MemoryStore>
 where
     Q: SettleInTransaction<MemoryStore> + PullPort + 'static,
 {
@@ -327,8 +317,6 @@ where
     .handler(KIND.parse().expect("valid"), Sleeps)
     .handler(REFUSED.parse().expect("valid"), Refuses)
     .clock(Arc::new(clock))
-    .build()
-    .expect("valid")
 }
 
 /// Publishes a job of `kind` numbered `n` that takes no time.

@@ -197,23 +197,6 @@ impl Harness {
     }
 }
 
-/// Waits until `done` holds, looking every 10 ms of the runtime's time, for at most `within`
-/// of it: a wait that would never end fails, saying `what`, instead of hanging the run.
-pub(crate) async fn eventually<F: std::future::Future<Output = bool>>(
-    what: &str,
-    within: Duration,
-    mut done: impl FnMut() -> F,
-) {
-    let deadline = tokio::time::Instant::now() + within;
-    while !done().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what} within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Runs `body` on a runtime of this thread with a metrics recorder of this thread only, so a
 /// test counts its own metrics (and its worker's tasks', which run here too) whatever runs
 /// beside it; then the counters named `name`, as (label values, count).

@@ -852,7 +852,7 @@ fn a_task_that_panics_outside_the_handler_is_counted_and_its_job_comes_back() {
             let _ = stopped.await;
         }));
         let ran = || async { !h.store.effects().is_empty() };
-        crate::harness::eventually("the job ran", Duration::from_secs(5), ran).await;
+        jobs_testkit::eventually("the job ran", Duration::from_secs(5), ran).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         stop.send(()).expect("running");
         running.await.expect("the loop itself survives");

@@ -422,15 +422,7 @@ fn step(n: i64, then: &str, ready: &str) -> Envelope {
     fixtures::envelope_with(1, KIND, data)
 }
 
-/// Waits until `done` holds, looking every 10 ms; fails after a minute (of the runtime's
-/// time: instantly with time paused), saying `what`.
-async fn eventually<F: Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !done().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what} within a minute"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// [`crate::eventually`] within a minute.
+async fn eventually<F: Future<Output = bool>>(what: &str, done: impl FnMut() -> F) {
+    crate::eventually(what, Duration::from_secs(60), done).await;
 }
