@@ -20,10 +20,32 @@ pub const CLEANUP_KIND: &str = jobs_core::PROCESSED_JOBS_CLEANUP_KIND;
 /// again.
 pub const DEFAULT_PROCESSED_TTL: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
-/// The shortest TTL a cleanup job's data may ask for: eight days, longer than any transport
-/// keeps a message for redelivery (Vercel Queues, the longest, 7 days), so that no job's
-/// data can strip the protection against redeliveries.
+/// The shortest TTL a cleanup keeps rows for: eight days, longer than any transport keeps a
+/// message for redelivery (Vercel Queues, the longest, 7 days). A cleanup job's data can never
+/// go below it; a configured or operator's TTL only when the cleanup is told to
+/// ([`ProcessedCleanup::below_floor`]).
 pub const MIN_JOB_TTL: Duration = Duration::from_secs(8 * 24 * 60 * 60);
+
+/// Why a purge deleted nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PurgeError {
+    /// The TTL is below [`MIN_JOB_TTL`] and the cleanup was not told to go below it.
+    #[error(
+        "a TTL of {}s is below the floor of {}s: a job redelivered after its processed row is \
+         gone runs again; go below it only for a transport that cannot redeliver that late \
+         (`ProcessedCleanup::below_floor`, `jobsctl cleanup processed --below-floor`)",
+        ttl.as_secs(),
+        MIN_JOB_TTL.as_secs()
+    )]
+    BelowFloor {
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// The cleanup job's data: an optional TTL overriding the handler's, at least
 /// [`MIN_JOB_TTL`].
@@ -43,12 +65,15 @@ pub struct CleanupRequest {
 /// a queue for follow-ups ([`ProcessedCleanup::follow_ups`]): when the batch was full, it
 /// publishes the same request again, so that no transaction outgrows a batch. Without one, it
 /// purges batch after batch in the one transaction. [`ProcessedCleanup::purge`] is the same
-/// cleanup through the store, for operators.
+/// cleanup through the store, for operators. Neither goes below [`MIN_JOB_TTL`] unless told
+/// to ([`ProcessedCleanup::below_floor`]), and neither deletes the claim of a job whose dead
+/// letter is pending review.
 #[derive(Clone)]
 pub struct ProcessedCleanup {
     store: Arc<dyn ProcessedJobs>,
     clock: Arc<dyn Clock>,
     ttl: Duration,
+    floor: Duration,
     batch: u32,
     follow_ups: Option<Arc<dyn QueuePort>>,
 }
@@ -57,6 +82,7 @@ impl std::fmt::Debug for ProcessedCleanup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProcessedCleanup")
             .field("ttl", &self.ttl)
+            .field("floor", &self.floor)
             .field("batch", &self.batch)
             .finish_non_exhaustive()
     }
@@ -69,6 +95,7 @@ impl ProcessedCleanup {
             store,
             clock: Arc::new(SystemClock),
             ttl: DEFAULT_PROCESSED_TTL,
+            floor: MIN_JOB_TTL,
             batch: 1_000,
             follow_ups: None,
         }
@@ -81,9 +108,18 @@ impl ProcessedCleanup {
         self
     }
 
-    /// Keeps rows for `ttl`.
+    /// Keeps rows for `ttl`; below [`MIN_JOB_TTL`] only with [`ProcessedCleanup::below_floor`]
+    /// (a purge refuses it, a cleanup job fails for good).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
+        self
+    }
+
+    /// Lets the configured TTL and a purge's go below [`MIN_JOB_TTL`]. A job redelivered after
+    /// its row is gone runs again: only for transports that cannot redeliver that late. A
+    /// cleanup job's own data still may not go below the floor.
+    pub fn below_floor(mut self) -> Self {
+        self.floor = Duration::ZERO;
         self
     }
 
@@ -100,9 +136,12 @@ impl ProcessedCleanup {
     }
 
     /// Deletes every row older than `ttl` (the configured one if `None`); returns how many. A
-    /// TTL reaching back before the clock's epoch deletes nothing.
-    pub async fn purge(&self, ttl: Option<Duration>) -> Result<u64, StoreError> {
-        let Some(cutoff) = self.clock.now().checked_sub(ttl.unwrap_or(self.ttl)) else {
+    /// TTL below [`MIN_JOB_TTL`] is refused unless the cleanup was told
+    /// ([`ProcessedCleanup::below_floor`]); one reaching back before the clock's epoch deletes
+    /// nothing.
+    pub async fn purge(&self, ttl: Option<Duration>) -> Result<u64, PurgeError> {
+        let ttl = self.floored(ttl.unwrap_or(self.ttl))?;
+        let Some(cutoff) = self.clock.now().checked_sub(ttl) else {
             return Ok(0);
         };
         let mut total = 0;
@@ -114,6 +153,14 @@ impl ProcessedCleanup {
                 return Ok(total);
             }
         }
+    }
+
+    /// `ttl`, unless it is below this cleanup's floor.
+    fn floored(&self, ttl: Duration) -> Result<Duration, PurgeError> {
+        if ttl < self.floor {
+            return Err(PurgeError::BelowFloor { ttl });
+        }
+        Ok(ttl)
     }
 }
 
@@ -131,8 +178,12 @@ impl<Tx: WorkTransaction> Handler<Tx> for ProcessedCleanup {
                 MIN_JOB_TTL.as_secs()
             )));
         }
+        let ttl = match ttl {
+            Some(ttl) => ttl,
+            None => self.floored(self.ttl).map_err(JobError::permanent)?,
+        };
         // A TTL reaching back before the clock's epoch deletes nothing.
-        let Some(cutoff) = self.clock.now().checked_sub(ttl.unwrap_or(self.ttl)) else {
+        let Some(cutoff) = self.clock.now().checked_sub(ttl) else {
             return Ok(());
         };
         let mut deleted = 0;

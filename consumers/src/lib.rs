@@ -33,7 +33,7 @@ mod worker;
 
 pub use alerts::{ALERT_BUFFER, CoalescingAlerter, ConsoleAlerter};
 pub use cleanup::{
-    CLEANUP_KIND, CleanupRequest, DEFAULT_PROCESSED_TTL, MIN_JOB_TTL, ProcessedCleanup,
+    CLEANUP_KIND, CleanupRequest, DEFAULT_PROCESSED_TTL, MIN_JOB_TTL, ProcessedCleanup, PurgeError,
 };
 pub use dead_letters::{DeadLetters, ReplayError, Replayed};
 pub use handler::{BoxError, Cancellation, Handler, Job, JobError};

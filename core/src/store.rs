@@ -59,8 +59,10 @@ pub trait WorkTransaction: Send + 'static {
 
     /// Deletes at most `batch` `processed_jobs` rows older than `older_than` in this
     /// transaction (the TTL cleanup as a job: on a store with one writer at a time, such as
-    /// SQLite, a purge through the store would wait for this transaction's own lock). Returns
-    /// how many; they are gone if and only if the transaction commits. The default refuses:
+    /// SQLite, a purge through the store would wait for this transaction's own lock), keeping
+    /// the claims of jobs whose dead letters are pending review, as
+    /// [`ProcessedJobs::purge_processed`] does. Returns how many; they are gone if and only if
+    /// the transaction commits. The default refuses:
     /// a store that does not override it cleans through [`ProcessedJobs`] only.
     async fn purge_processed(
         &mut self,
@@ -178,6 +180,10 @@ pub trait ProcessedJobs: Send + Sync {
 
     /// Deletes at most `batch` rows processed before `older_than`; returns how many it deleted,
     /// so a caller loops until fewer than `batch` come back, never holding a long lock.
+    ///
+    /// The claim of a job whose dead letter is pending review is kept however old: it is what
+    /// refuses a republished or redelivered copy ([`Claim::DeadLettered`]) until an operator
+    /// replays or discards the letter.
     async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError>;
 }
 

@@ -335,17 +335,25 @@ pub(crate) enum CleanupCommand {
     /// Delete processed_jobs rows older than a duration, in bounded batches.
     ///
     /// Keep rows well past the longest a message can live in your transport: a redelivery
-    /// that finds no row runs again.
+    /// that finds no row runs again. Below 8 days (the longest a transport redelivers, plus
+    /// one) the command refuses unless given --below-floor. The claims of jobs whose dead
+    /// letters are pending review are kept at any age.
     ///
     /// Examples:
     ///   jobsctl cleanup processed --older-than 30d
-    ///   jobsctl cleanup processed --older-than 1h30m --json
+    ///   jobsctl cleanup processed --older-than 8d --json
+    ///   jobsctl cleanup processed --older-than 1h --below-floor
     #[command(verbatim_doc_comment)]
     Processed {
         /// Age: a number with a unit, several largest first (ms, s, m, h, d), e.g. 30d, 12h,
-        /// 1h30m; up to 36500d.
+        /// 1h30m; at least 8d unless --below-floor; up to 36500d.
         #[arg(long, value_parser = values::older_than)]
         older_than: std::time::Duration,
+        /// Allow an age below 8 days. A job its transport redelivers after its row is gone
+        /// runs again (and its effects happen twice): only for a transport that cannot
+        /// redeliver that late.
+        #[arg(long)]
+        below_floor: bool,
         /// A JSON object instead of text.
         #[arg(long)]
         json: bool,

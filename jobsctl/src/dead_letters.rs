@@ -177,14 +177,19 @@ pub(crate) async fn queues(
     Ok(())
 }
 
-/// Deletes `processed_jobs` rows older than `older_than`.
+/// Deletes `processed_jobs` rows older than `older_than`: at least the floor
+/// ([`jobs_consumers::MIN_JOB_TTL`]) unless `below_floor`.
 pub(crate) async fn cleanup(
     store: &Store,
     older_than: Duration,
+    below_floor: bool,
     as_json: bool,
     out: &mut impl Write,
 ) -> Result<()> {
-    let cleanup = jobs_consumers::ProcessedCleanup::new(store.processed());
+    let mut cleanup = jobs_consumers::ProcessedCleanup::new(store.processed());
+    if below_floor {
+        cleanup = cleanup.below_floor();
+    }
     let deleted = cleanup.purge(Some(older_than)).await?;
     if as_json {
         let line = json!({ "deleted": deleted, "older_than_s": older_than.as_secs() });

@@ -132,9 +132,13 @@ async fn run(command: Command, config: Config) -> Result<()> {
                 anyhow::bail!("the signature is not valid for this delivery")
             }
         }
-        Command::Cleanup(CleanupCommand::Processed { older_than, json }) => {
+        Command::Cleanup(CleanupCommand::Processed {
+            older_than,
+            below_floor,
+            json,
+        }) => {
             let store = Store::connect(&config).await?;
-            dead_letters::cleanup(&store, older_than, json, out).await
+            dead_letters::cleanup(&store, older_than, below_floor, json, out).await
         }
     }
 }

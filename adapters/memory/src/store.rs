@@ -212,7 +212,9 @@ impl ProcessedJobs for MemoryStore {
         let doomed: Vec<ClaimKey> = state
             .processed
             .iter()
-            .filter(|(_, at)| **at < older_than)
+            .filter(|((job, consumer), at)| {
+                **at < older_than && !state.dead_lettered(*job, consumer)
+            })
             .map(|(key, _)| key.clone())
             .take(usize::try_from(batch).unwrap_or(usize::MAX))
             .collect();

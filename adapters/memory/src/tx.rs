@@ -292,7 +292,11 @@ impl WorkTransaction for MemoryWorkTx {
         let doomed: Vec<ClaimKey> = state
             .processed
             .iter()
-            .filter(|(key, at)| **at < older_than && !self.purged.contains(key))
+            .filter(|(key, at)| {
+                **at < older_than
+                    && !self.purged.contains(key)
+                    && !state.dead_lettered(key.0, &key.1)
+            })
             .map(|(key, _)| key.clone())
             .take(usize::try_from(batch).unwrap_or(usize::MAX))
             .collect();

@@ -238,9 +238,14 @@ impl PgStore {
     }
 }
 
-/// One bounded batch of the TTL cleanup: `$1` the cutoff, `$2` the batch.
+/// One bounded batch of the TTL cleanup: `$1` the cutoff, `$2` the batch. A claim whose job
+/// waits in the dead letters is kept, however old: without it a republished or redelivered copy
+/// would claim again and run behind the operator's back (replaying the letter releases it).
 pub(crate) const PURGE_PROCESSED: &str = "delete from core.processed_jobs where ctid = any(array( \
-    select ctid from core.processed_jobs where processed_at < $1 limit $2))";
+    select p.ctid from core.processed_jobs p where p.processed_at < $1 \
+    and not exists (select 1 from core.dead_letters d where d.job_id = p.job_id \
+        and d.consumer = p.consumer and d.status = 'pending_review') \
+    limit $2))";
 
 #[async_trait]
 impl ProcessedJobs for PgStore {

@@ -159,9 +159,14 @@ impl WorkStore for SqliteStore {
     }
 }
 
-/// One bounded batch of the TTL cleanup: `?1` the cutoff in milliseconds, `?2` the batch.
+/// One bounded batch of the TTL cleanup: `?1` the cutoff in milliseconds, `?2` the batch. A
+/// claim whose job waits in the dead letters is kept, however old (replaying the letter
+/// releases it).
 pub(crate) const PURGE_PROCESSED: &str = "delete from processed_jobs where rowid in ( \
-    select rowid from processed_jobs where processed_at < ?1 limit ?2)";
+    select p.rowid from processed_jobs p where p.processed_at < ?1 \
+    and not exists (select 1 from dead_letters d where d.job_id = p.job_id \
+        and d.consumer = p.consumer and d.status = 'pending_review') \
+    limit ?2)";
 
 #[async_trait]
 impl ProcessedJobs for SqliteStore {

@@ -1,5 +1,6 @@
 //! The `processed_jobs` TTL cleanup: what it deletes and keeps, batch by batch, the default
-//! TTL, and the floor a job's own TTL may not go below.
+//! TTL, the floor a job's own TTL may not go below, and the floor a configured or operator's
+//! TTL goes below only when the cleanup is told.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -7,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_adapter_memory::{MemoryStore, MemoryWorkTx};
-use jobs_consumers::{CLEANUP_KIND, Handler, Job, JobError, Outcome, ProcessedCleanup};
+use jobs_consumers::{CLEANUP_KIND, Handler, Job, JobError, Outcome, ProcessedCleanup, PurgeError};
 use jobs_core::{
     Claim, ConsumerName, JobId, NewDeadLetter, ProcessedJobs, PublishOptions, QueuePort, Recorded,
     StoreError, WorkStore, WorkTransaction,
@@ -139,7 +140,7 @@ async fn purge_deletes_every_row_past_the_ttl_batch_by_batch_and_says_how_many()
     h.clock.advance(2 * DAY);
     let recent = h.publish(100).await;
     h.drain(&h.worker(ok)).await;
-    let cleanup = cleanup(&h).ttl(DAY).batch(10);
+    let cleanup = cleanup(&h).ttl(DAY).below_floor().batch(10);
     // Two full batches, then an empty one: all twenty, not the first ten.
     assert_eq!(cleanup.purge(None).await.expect("purged"), 20);
     assert_eq!(cleanup.purge(None).await.expect("purged"), 0);
@@ -185,7 +186,8 @@ async fn rows_are_kept_thirty_days_by_default() {
 #[tokio::test]
 async fn a_cleanup_job_may_ask_for_eight_days_and_not_less() {
     let h = processed(2).await;
-    let (maintenance, cleaner) = h.cleaner(cleanup(&h).ttl(DAY));
+    // Even a cleanup told to go below the floor keeps a job's data above it.
+    let (maintenance, cleaner) = h.cleaner(cleanup(&h).ttl(DAY).below_floor());
     let job = |secs: u64| {
         jobs_testkit::fixtures::envelope_with(
             1,
@@ -225,11 +227,47 @@ async fn a_cleanup_job_at_the_floor_purges_what_is_older() {
         .expect("purged");
     assert_eq!(
         cleanup(&h)
+            .below_floor()
             .purge(Some(Duration::ZERO))
             .await
             .expect("purged"),
         0,
         "all gone"
+    );
+}
+
+#[tokio::test]
+async fn a_ttl_below_the_floor_is_refused_unless_the_cleanup_is_told() {
+    let h = processed(2).await;
+    h.clock.advance(2 * DAY);
+    let refused = cleanup(&h)
+        .purge(Some(DAY))
+        .await
+        .expect_err("an operator's TTL below the floor");
+    assert!(
+        matches!(refused, PurgeError::BelowFloor { ttl } if ttl == DAY),
+        "{refused:?}"
+    );
+    assert!(
+        refused.to_string().contains("--below-floor"),
+        "the refusal says how to go below: {refused}"
+    );
+    let configured = cleanup(&h).ttl(DAY);
+    assert!(
+        matches!(
+            configured.purge(None).await,
+            Err(PurgeError::BelowFloor { .. })
+        ),
+        "a configured TTL below the floor"
+    );
+    let failed = handled(&h, &configured, serde_json::json!({}))
+        .await
+        .expect_err("a cleanup job with that configuration");
+    assert!(matches!(failed, JobError::Permanent(_)), "{failed:?}");
+    assert_eq!(
+        configured.below_floor().purge(None).await.expect("purged"),
+        2,
+        "told, it purges; nothing was deleted before"
     );
 }
 
@@ -239,7 +277,7 @@ fn the_cleanup_job_counts_the_rows_it_purged() {
     let counted = crate::harness::counters("jobs_processed_purged_total", async {
         let h = processed(7).await;
         h.clock.advance(2 * DAY);
-        let cleanup = cleanup(&h).ttl(DAY).batch(3);
+        let cleanup = cleanup(&h).ttl(DAY).below_floor().batch(3);
         handled(&h, &cleanup, serde_json::json!({}))
             .await
             .expect("purged");

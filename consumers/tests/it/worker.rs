@@ -563,6 +563,7 @@ async fn the_cleanup_job_purges_old_processed_rows_in_batches() {
     let cleanup = ProcessedCleanup::new(Arc::new(h.store.clone()))
         .clock(Arc::new(h.clock.clone()))
         .ttl(Duration::from_secs(24 * 3600))
+        .below_floor()
         .batch(10);
     let (maintenance, cleaner) = h.cleaner(cleanup);
     let job = jobs_testkit::fixtures::envelope_with(1, CLEANUP_KIND, serde_json::json!({}));

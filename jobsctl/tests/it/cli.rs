@@ -159,6 +159,20 @@ async fn migrate_then_review_and_discard_dead_letters_on_sqlite() {
         &url,
     ]);
     assert!(cleanup.status.success(), "{cleanup:?}");
+    let below = |told: &[&str]| {
+        let mut args = vec!["cleanup", "processed", "--older-than", "1h"];
+        args.extend_from_slice(told);
+        args.extend_from_slice(&["--database-url", url.as_str()]);
+        jobsctl(&args)
+    };
+    let refused = below(&[]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--below-floor"),
+        "the refusal names the override: {refused:?}"
+    );
+    let told = below(&["--below-floor"]);
+    assert!(told.status.success(), "{told:?}");
     let bad = jobsctl(&[
         "cleanup",
         "processed",

@@ -47,6 +47,7 @@ where
     let maintenance: QueueName = "core.maintenance".parse().expect("valid");
     let cleanup = ProcessedCleanup::new(Arc::new(store.clone()))
         .ttl(Duration::from_secs(86_400))
+        .below_floor()
         .batch(10)
         .clock(Arc::new(clock.clone()))
         .follow_ups(Arc::new(queue.clone()));

@@ -52,6 +52,7 @@ where
     transitions_only_the_tenants_dead_letters(make().await).await;
     purges_processed_jobs_in_bounded_batches(make().await).await;
     a_dead_letter_settles_the_claim_until_replayed(make().await).await;
+    purges_keep_the_claims_of_pending_dead_letters(make().await).await;
 }
 
 /// Runs every check of the bulk-run journal ([`BulkRuns`]), each on a fresh, migrated, empty
@@ -1460,6 +1461,87 @@ pub async fn a_dead_letter_settles_the_claim_until_replayed<S: WorkStore + DeadL
         "{check}: a discarded job stays settled"
     );
     commit(check, tx).await;
+}
+
+/// Neither purge (through the store, or in a work transaction) deletes the claim of a job whose
+/// dead letter is pending review, however old: it is what answers a republished copy
+/// `DeadLettered`. The same job's claim for another consumer, a plain claim and the claim of a
+/// discarded letter go.
+pub async fn purges_keep_the_claims_of_pending_dead_letters<
+    S: WorkStore + DeadLetterStore + ProcessedJobs,
+>(
+    store: S,
+) {
+    let check = "purges_keep_the_claims_of_pending_dead_letters";
+    let q = queue("kept");
+    let (reviewed, other) = (consumer("kept"), consumer("kept.other"));
+    let (pending, plain, discarded) = (JobId::generate(), JobId::generate(), JobId::generate());
+    let mut letters = vec![];
+    for (job, n) in [(pending, 1), (discarded, 2)] {
+        let mut tx = begin(check, &store).await;
+        assert_eq!(claim(check, &mut tx, job, &reviewed).await, Claim::Claimed);
+        let mut letter = letter(&q, n, Some(job.to_string().as_str()));
+        letter.job_id = Some(job);
+        letter.consumer = Some(reviewed.clone());
+        let recorded = tx
+            .record_dead_letter(letter)
+            .await
+            .unwrap_or_else(|e| panic!("{check}: record in the transaction: {e}"));
+        commit(check, tx).await;
+        letters.push(new_id(check, recorded));
+    }
+    let mut tx = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut tx, plain, &reviewed).await,
+        Claim::Claimed
+    );
+    assert_eq!(claim(check, &mut tx, pending, &other).await, Claim::Claimed);
+    commit(check, tx).await;
+    transition(
+        check,
+        &store,
+        letters[1],
+        DeadLetterStatus::Discarded,
+        None,
+        time(5),
+    )
+    .await;
+
+    // Every claim is older than the cutoff; three of the four may go.
+    let cutoff = time(10);
+    let mut tx = begin(check, &store).await;
+    let in_tx = tx
+        .purge_processed(cutoff, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: purge in a transaction: {e}"));
+    rollback(check, tx).await;
+    assert_eq!(in_tx, 3, "{check}: rows a work transaction's purge deleted");
+    let deleted = store
+        .purge_processed(cutoff, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{check}: purge: {e}"));
+    assert_eq!(deleted, 3, "{check}: rows the store's purge deleted");
+    assert!(
+        is_processed(check, &store, pending, &reviewed).await,
+        "{check}: the claim of a pending dead letter was purged"
+    );
+    for (job, consumer) in [
+        (plain, &reviewed),
+        (discarded, &reviewed),
+        (pending, &other),
+    ] {
+        assert!(
+            !is_processed(check, &store, job, consumer).await,
+            "{check}: a claim without a pending letter survived"
+        );
+    }
+    let mut tx = begin(check, &store).await;
+    assert_eq!(
+        claim(check, &mut tx, pending, &reviewed).await,
+        Claim::DeadLettered,
+        "{check}: a republished copy must still find its dead letter"
+    );
+    rollback(check, tx).await;
 }
 
 fn ids(ns: &[i64]) -> Vec<DeadLetterId> {
