@@ -10,6 +10,7 @@ mod grouped;
 #[cfg(feature = "queue")]
 mod outbox;
 mod partitions;
+mod processed;
 #[cfg(feature = "queue")]
 mod queue;
 mod store;
