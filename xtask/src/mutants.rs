@@ -148,7 +148,16 @@ const GROUPS: &[Group] = &[
         ),
         test_packages: &[],
         features: &["jobs-adapter-postgres/queue"],
-        test_args: &["--test", "it", "--", "queue::", PG_TEST_THREADS],
+        // The queue's own tests and the grouped suite on PostgreSQL (`grouped::`), which
+        // alone gives a group's jobs back.
+        test_args: &[
+            "--test",
+            "it",
+            "--",
+            "queue::",
+            "grouped::",
+            PG_TEST_THREADS,
+        ],
         missed_by: None,
         min_timeout_secs: 120,
         nextest: false,
