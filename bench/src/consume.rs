@@ -106,8 +106,8 @@ async fn raw_sql(pool: &PgPool, concurrency: usize, jobs: u64) -> Result<f64> {
                     let id = JobId::generate().as_uuid();
                     let mut tx = pool.begin().await?;
                     sqlx::query(
-                        "insert into core.processed_jobs (job_id, consumer, processed_at, slot) \
-                         values ($1, $2, now(), core.processed_slot($1)) on conflict do nothing",
+                        "insert into core.processed_jobs (job_id, consumer, processed_at) \
+                         values ($1, $2, now()) on conflict do nothing",
                     )
                     .bind(id)
                     .bind("bench.consumer")

@@ -3,7 +3,6 @@
 //! Run through `cargo xtask bench <name>` (a release build). Each benchmark prints its figures,
 //! the baseline's and the ratio; nothing here asserts a timing.
 
-mod cleanup;
 mod consume;
 mod fairness;
 mod pgqueue;
@@ -21,10 +20,9 @@ fn main() -> ExitCode {
         Some("vercel") => vercel::run(),
         Some("pg-queue") => pgqueue::run(args.get(1).map(String::as_str)),
         Some("fairness") => fairness::run(),
-        Some("cleanup") => cleanup::run(),
         _ => {
             eprintln!(
-                "usage: jobs-bench consume|ratelimit|vercel|pg-queue [jobs]|fairness|cleanup
+                "usage: jobs-bench consume|ratelimit|vercel|pg-queue [jobs]|fairness
 
 environment: \
                  DATABASE_URL, JOBS_BENCH_JOBS (default 10000) for consume; REDIS_URL, \
@@ -33,7 +31,6 @@ environment: \
                  (default 2000) for vercel, on Vercel's emulator from .venv; DATABASE_URL, \
                  JOBS_BENCH_PG_QUEUE_JOBS (default 100000, or the argument) for pg-queue; \
                  DATABASE_URL, JOBS_BENCH_FAIR_BACKLOGS (default 10000,100000) for fairness; \
-                 DATABASE_URL, JOBS_BENCH_CLEANUP_CLAIMS (default 10000000) for cleanup; \
                  JOBS_BENCH_RUNTIME=current_thread for any on tokio's current-thread runtime"
             );
             return ExitCode::from(2);

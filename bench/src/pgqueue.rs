@@ -593,9 +593,8 @@ async fn raw_drain(
                 }
                 let mut tx = sqlx::Acquire::begin(&mut *conn).await?;
                 sqlx::query(
-                    "insert into core.processed_jobs (job_id, consumer, processed_at, slot) \
-                     select u.id, $2, $3, core.processed_slot(u.id) from unnest($1::uuid[]) as u(id) \
-                     on conflict do nothing",
+                    "insert into core.processed_jobs (job_id, consumer, processed_at) \
+                     select unnest($1::uuid[]), $2, $3 on conflict do nothing",
                 )
                 .bind(&job_ids)
                 .bind(CONSUMER)

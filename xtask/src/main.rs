@@ -32,8 +32,7 @@ Commands:
   bench <name>
           run a benchmark (release build) next to its baseline: consume, ratelimit, vercel,
           pg-queue (JOBS_BENCH_PG_QUEUE_JOBS=10000 for a quick run), fairness
-          (JOBS_BENCH_FAIR_BACKLOGS=10000 for a quick run), cleanup (the processed_jobs TTL
-          cleanup; JOBS_BENCH_CLEANUP_CLAIMS=1000000 for a quick run)
+          (JOBS_BENCH_FAIR_BACKLOGS=10000 for a quick run)
   mutants [--in-diff [BASE]]
           mutation testing of the runtime and the semantics crates (pinned cargo-mutants,
           installed when missing): every mutant, or with --in-diff those of lines changed since
@@ -104,7 +103,6 @@ const BENCHES: &[(&str, Cmd)] = &[
     bench!("vercel"),
     bench!("pg-queue"),
     bench!("fairness"),
-    bench!("cleanup"),
 ];
 
 fn main() -> ExitCode {

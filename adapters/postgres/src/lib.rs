@@ -52,7 +52,6 @@ mod fair;
 #[cfg(feature = "queue")]
 mod outbox;
 mod partitions;
-mod processed;
 #[cfg(feature = "queue")]
 mod queue;
 #[cfg(feature = "queue")]
@@ -239,6 +238,15 @@ impl PgStore {
     }
 }
 
+/// One bounded batch of the TTL cleanup: `$1` the cutoff, `$2` the batch. A claim whose job
+/// waits in the dead letters is kept, however old: without it a republished or redelivered copy
+/// would claim again and run behind the operator's back (replaying the letter releases it).
+pub(crate) const PURGE_PROCESSED: &str = "delete from core.processed_jobs where ctid = any(array( \
+    select p.ctid from core.processed_jobs p where p.processed_at < $1 \
+    and not exists (select 1 from core.dead_letters d where d.job_id = p.job_id \
+        and d.consumer = p.consumer and d.status = 'pending_review') \
+    limit $2))";
+
 #[async_trait]
 impl ProcessedJobs for PgStore {
     async fn is_processed(
@@ -247,8 +255,7 @@ impl ProcessedJobs for PgStore {
         consumer: &ConsumerName,
     ) -> Result<bool, StoreError> {
         sqlx::query_scalar(
-            "select exists (select 1 from core.processed_jobs \
-             where job_id = $1 and consumer = $2 and slot = core.processed_slot($1))",
+            "select exists (select 1 from core.processed_jobs where job_id = $1 and consumer = $2)",
         )
         .bind(job_id.as_uuid())
         .bind(consumer.as_str())
@@ -257,23 +264,15 @@ impl ProcessedJobs for PgStore {
         .map_err(|e| store_error("read core.processed_jobs", e))
     }
 
-    /// Bounded `DELETE`s slice by slice, so no call holds locks on more than `batch` rows.
+    /// One bounded `DELETE` by physical row id (`ctid`), so no call holds locks on more than
+    /// `batch` rows.
     async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
+        let done = sqlx::query(PURGE_PROCESSED)
+            .bind(convert::to_timestamp(older_than)?)
+            .bind(i64::from(batch))
+            .execute(&self.pool)
             .await
             .map_err(|e| store_error("purge core.processed_jobs", e))?;
-        processed::purge_batch(&mut conn, older_than, batch).await
-    }
-
-    /// Truncates each slice whose claims expired, putting back the ones it keeps (ADR 0014).
-    async fn purge_expired_slices(&self, older_than: SystemTime) -> Result<u64, StoreError> {
-        processed::purge_expired_slices(&self.pool, older_than).await
-    }
-
-    /// A day: the claims of the day the cutoff falls in go with their slice the next day.
-    fn slice_span(&self) -> Duration {
-        processed::SLICE_SPAN
+        Ok(done.rows_affected())
     }
 }

@@ -792,11 +792,11 @@ static HOLD_AND_CLAIM: LazyLock<String> = LazyLock::new(|| {
     format!(
         "with taken as ({TAKE}), \
          claimed as ( \
-             insert into core.processed_jobs (job_id, consumer, processed_at, slot) \
-             select distinct d.job_id, $4, $5, core.processed_slot(d.job_id) \
+             insert into core.processed_jobs (job_id, consumer, processed_at) \
+             select distinct d.job_id, $4, $5 \
              from unnest($1::bigint[], $3::uuid[]) as d(id, job_id) join taken using (id) \
              order by d.job_id \
-             on conflict (job_id, consumer, slot) do nothing returning job_id) \
+             on conflict (job_id, consumer) do nothing returning job_id) \
          select t.*, c.claimed from (select {TAKEN_ARRAYS} from taken) as t, \
              (select coalesce(array_agg(job_id), '{{}}') as claimed from claimed) as c"
     )

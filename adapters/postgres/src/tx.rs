@@ -185,9 +185,8 @@ impl WorkTransaction for PgWorkTx {
         at: SystemTime,
     ) -> Result<Claim, StoreError> {
         let done = sqlx::query(
-            "insert into core.processed_jobs (job_id, consumer, processed_at, slot) \
-             values ($1, $2, $3, core.processed_slot($1)) \
-             on conflict (job_id, consumer, slot) do nothing",
+            "insert into core.processed_jobs (job_id, consumer, processed_at) values ($1, $2, $3) \
+             on conflict (job_id, consumer) do nothing",
         )
         .bind(job_id.as_uuid())
         .bind(consumer.as_str())
@@ -224,7 +223,13 @@ impl WorkTransaction for PgWorkTx {
         older_than: SystemTime,
         batch: u32,
     ) -> Result<u64, StoreError> {
-        crate::processed::purge_batch(self.own(), older_than, batch).await
+        let done = sqlx::query(crate::PURGE_PROCESSED)
+            .bind(to_timestamp(older_than)?)
+            .bind(i64::from(batch))
+            .execute(self.own())
+            .await
+            .map_err(|e| store_error("purge core.processed_jobs", e))?;
+        Ok(done.rows_affected())
     }
 
     /// Refused, and rolled back, while a message taken from the queue in this transaction is
@@ -267,9 +272,8 @@ impl GroupTransaction for PgWorkTx {
         sorted.dedup();
         let claimed: Vec<Uuid> = sqlx::query_scalar(
             "with claimed as ( \
-                 insert into core.processed_jobs (job_id, consumer, processed_at, slot) \
-                 select u.id, $2, $3, core.processed_slot(u.id) from unnest($1::uuid[]) as u(id) \
-                 on conflict (job_id, consumer, slot) do nothing \
+                 insert into core.processed_jobs (job_id, consumer, processed_at) \
+                 select unnest($1::uuid[]), $2, $3 on conflict (job_id, consumer) do nothing \
                  returning job_id) \
              select coalesce(array_agg(job_id), '{}') from claimed",
         )
@@ -320,15 +324,12 @@ impl GroupTransaction for PgWorkTx {
     }
 
     async fn unclaim(&mut self, job_id: JobId, consumer: &ConsumerName) -> Result<(), StoreError> {
-        sqlx::query(
-            "delete from core.processed_jobs \
-             where job_id = $1 and consumer = $2 and slot = core.processed_slot($1)",
-        )
-        .bind(job_id.as_uuid())
-        .bind(consumer.as_str())
-        .execute(self.own())
-        .await
-        .map_err(|e| store_error("release a claim in core.processed_jobs", e))?;
+        sqlx::query("delete from core.processed_jobs where job_id = $1 and consumer = $2")
+            .bind(job_id.as_uuid())
+            .bind(consumer.as_str())
+            .execute(self.own())
+            .await
+            .map_err(|e| store_error("release a claim in core.processed_jobs", e))?;
         Ok(())
     }
 
@@ -338,15 +339,12 @@ impl GroupTransaction for PgWorkTx {
         consumer: &ConsumerName,
     ) -> Result<(), StoreError> {
         let ids: Vec<Uuid> = job_ids.iter().map(|id| id.as_uuid()).collect();
-        sqlx::query(
-            "delete from core.processed_jobs where job_id = any($1) and consumer = $2 \
-             and slot = any(array(select core.processed_slot(u) from unnest($1::uuid[]) as u))",
-        )
-        .bind(&ids)
-        .bind(consumer.as_str())
-        .execute(self.own())
-        .await
-        .map_err(|e| store_error("release claims in core.processed_jobs", e))?;
+        sqlx::query("delete from core.processed_jobs where job_id = any($1) and consumer = $2")
+            .bind(&ids)
+            .bind(consumer.as_str())
+            .execute(self.own())
+            .await
+            .map_err(|e| store_error("release claims in core.processed_jobs", e))?;
         Ok(())
     }
 }

@@ -10,7 +10,6 @@ mod grouped;
 #[cfg(feature = "queue")]
 mod outbox;
 mod partitions;
-mod processed;
 #[cfg(feature = "queue")]
 mod queue;
 mod store;
