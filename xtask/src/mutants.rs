@@ -92,6 +92,17 @@ impl Group {
 /// caught) where together they fail in about a minute (caught, and said so).
 const PG_TEST_THREADS: &str = "--test-threads=8";
 
+/// The PostgreSQL adapter's queue tests and its grouped suite (`grouped::`, which alone gives
+/// a group's jobs back), for the groups that mutate the grouped runtime and its PostgreSQL side.
+const PG_QUEUE_TESTS: &[&str] = &[
+    "--test",
+    "it",
+    "--",
+    "queue::",
+    "grouped::",
+    PG_TEST_THREADS,
+];
+
 const GROUPS: &[Group] = &[
     Group {
         nextest: true,
@@ -121,14 +132,7 @@ const GROUPS: &[Group] = &[
             "jobs-ops/vercel-queues",
             "jobs-ops/qstash",
         ],
-        test_args: &[
-            "--test",
-            "it",
-            "--",
-            "queue::",
-            "grouped::",
-            PG_TEST_THREADS,
-        ],
+        test_args: PG_QUEUE_TESTS,
         missed_by: Some("consumers"),
         min_timeout_secs: 120,
         nextest: false,
@@ -148,16 +152,7 @@ const GROUPS: &[Group] = &[
         ),
         test_packages: &[],
         features: &["jobs-adapter-postgres/queue"],
-        // The queue's own tests and the grouped suite on PostgreSQL (`grouped::`), which
-        // alone gives a group's jobs back.
-        test_args: &[
-            "--test",
-            "it",
-            "--",
-            "queue::",
-            "grouped::",
-            PG_TEST_THREADS,
-        ],
+        test_args: PG_QUEUE_TESTS,
         missed_by: None,
         min_timeout_secs: 120,
         nextest: false,

@@ -120,6 +120,15 @@ fn letter(q: &QueueName, n: u32, dedup_key: Option<&str>) -> NewDeadLetter {
     }
 }
 
+/// [`letter`] numbered `n` of `job` as `consumer` ran it: what the runtime records in the work
+/// transaction holding the job's claim.
+fn job_letter(q: &QueueName, consumer: &ConsumerName, job: JobId, n: u32) -> NewDeadLetter {
+    let mut letter = letter(q, n, Some(job.to_string().as_str()));
+    letter.job_id = Some(job);
+    letter.consumer = Some(consumer.clone());
+    letter
+}
+
 async fn begin<S: WorkStore>(check: &str, store: &S) -> S::Tx {
     store
         .begin()
@@ -1385,13 +1394,7 @@ pub async fn a_dead_letter_settles_the_claim_until_replayed<S: WorkStore + DeadL
     let check = "a_dead_letter_settles_the_claim_until_replayed";
     let q = queue("settles");
     let consumer = consumer("settles");
-    let for_job = |job: JobId, n: u32| {
-        let mut letter = letter(&q, n, None);
-        letter.job_id = Some(job);
-        letter.consumer = Some(consumer.clone());
-        letter.dedup_key = Some(job.to_string());
-        letter
-    };
+    let for_job = |job: JobId, n: u32| job_letter(&q, &consumer, job, n);
 
     let rolled_back = JobId::generate();
     let mut tx = begin(check, &store).await;
@@ -1480,11 +1483,8 @@ pub async fn purges_keep_the_claims_of_pending_dead_letters<
     for (job, n) in [(pending, 1), (discarded, 2)] {
         let mut tx = begin(check, &store).await;
         assert_eq!(claim(check, &mut tx, job, &reviewed).await, Claim::Claimed);
-        let mut letter = letter(&q, n, Some(job.to_string().as_str()));
-        letter.job_id = Some(job);
-        letter.consumer = Some(reviewed.clone());
         let recorded = tx
-            .record_dead_letter(letter)
+            .record_dead_letter(job_letter(&q, &reviewed, job, n))
             .await
             .unwrap_or_else(|e| panic!("{check}: record in the transaction: {e}"));
         commit(check, tx).await;
