@@ -7,6 +7,7 @@ mod consume;
 mod fairness;
 mod pgqueue;
 mod ratelimit;
+mod soak;
 mod support;
 mod vercel;
 
@@ -20,17 +21,21 @@ fn main() -> ExitCode {
         Some("vercel") => vercel::run(),
         Some("pg-queue") => pgqueue::run(args.get(1).map(String::as_str)),
         Some("fairness") => fairness::run(),
+        Some("soak") => soak::run(),
         _ => {
             eprintln!(
-                "usage: jobs-bench consume|ratelimit|vercel|pg-queue [jobs]|fairness
+                "usage: jobs-bench consume|ratelimit|vercel|pg-queue [jobs]|fairness|soak
 
 environment: \
                  DATABASE_URL, JOBS_BENCH_JOBS (default 10000) for consume; REDIS_URL, \
                  JOBS_BENCH_ACQUISITIONS (default 20000) and JOBS_BENCH_CALLERS (default 1,16,64) \
                  for ratelimit; JOBS_BENCH_MESSAGES \
                  (default 2000) for vercel, on Vercel's emulator from .venv; DATABASE_URL, \
-                 JOBS_BENCH_PG_QUEUE_JOBS (default 100000, or the argument) for pg-queue; \
+                 JOBS_BENCH_PG_QUEUE_JOBS (default 100000, or the argument) and JOBS_BENCH_ROUNDS \
+                 (default 3) for pg-queue; \
                  DATABASE_URL, JOBS_BENCH_FAIR_BACKLOGS (default 10000,100000) for fairness; \
+                 JOBS_BENCH_SOAK_SECONDS (default 180) and JOBS_BENCH_SOAK_URL (default a \
+                 private cluster) for soak; \
                  JOBS_BENCH_RUNTIME=current_thread for any on tokio's current-thread runtime"
             );
             return ExitCode::from(2);

@@ -48,8 +48,9 @@ use sqlx::{AssertSqlSafe, Executor, PgPool, Row};
 
 const CONCURRENCY: [usize; 3] = [1, 4, 16];
 
-/// Alternating rounds per concurrency; each side reports its best.
-const ROUNDS: usize = 3;
+/// Alternating rounds per row, unless `JOBS_BENCH_ROUNDS` says otherwise; each side reports
+/// its best.
+const ROUNDS: u64 = 3;
 
 /// The raw side's second batch size.
 const RAW_BATCH: usize = 100;
@@ -226,11 +227,15 @@ fn concurrencies() -> Result<Vec<usize>> {
 }
 
 async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
+    let started = Instant::now();
+    let mut spent = Spent::default();
+    let rounds = support::count("JOBS_BENCH_ROUNDS", ROUNDS)?;
+    anyhow::ensure!(rounds > 0, "JOBS_BENCH_ROUNDS must be at least 1");
     let group = group_size()?;
     let budget = checkpoint_budget(options).await?;
     let concurrencies = concurrencies()?;
     println!(
-        "PostgreSQL queue, {jobs} jobs per run, best of {ROUNDS} alternating rounds; \
+        "PostgreSQL queue, {jobs} jobs per run, best of {rounds} alternating rounds; \
          publish batches of {PUBLISH_BATCH}; the runtime: Worker::run grouped, groups of {group}"
     );
     let envelopes = envelopes(jobs)?;
@@ -247,7 +252,7 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
         raw_enqueue(&pool, warm, concurrency).await?;
         queue_enqueue(&queue, warm, concurrency).await?;
         let (mut raw, mut ours) = (0f64, 0f64);
-        for _ in 0..ROUNDS {
+        for _ in 0..rounds {
             reset(&pool).await?;
             raw = raw.max(raw_enqueue(&pool, &envelopes, concurrency).await?);
             reset(&pool).await?;
@@ -292,40 +297,31 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
             queue_enqueue(&queue, warm, 1).await?;
             runtime_drain(&store, &queue, shape, concurrency, warm_jobs).await?;
             let (mut raw_group, mut raw_100, mut raw_isolated, mut ours) = Default::default();
-            for _ in 0..ROUNDS {
+            for _ in 0..rounds {
                 if side("raw") {
-                    reset(&pool).await?;
-                    raw_publish(&pool, &envelopes).await?;
-                    let measured = Drain::measure(
-                        jobs,
-                        raw_drain(&pool, shape, concurrency, group, jobs, false),
-                    )
-                    .await?;
+                    spent.backlog(&pool, raw_publish(&pool, &envelopes)).await?;
+                    let drain = raw_drain(&pool, shape, concurrency, group, jobs, false);
+                    let measured = spent.drain(Drain::measure(jobs, drain)).await?;
                     raw_group = Drain::best(raw_group, measured);
                     if shape.checkpoints() {
-                        reset(&pool).await?;
-                        raw_publish(&pool, &envelopes).await?;
+                        spent.backlog(&pool, raw_publish(&pool, &envelopes)).await?;
                         let drain = raw_drain(&pool, shape, concurrency, group, jobs, true);
-                        raw_isolated =
-                            Drain::best(raw_isolated, Drain::measure(jobs, drain).await?);
+                        let measured = spent.drain(Drain::measure(jobs, drain)).await?;
+                        raw_isolated = Drain::best(raw_isolated, measured);
                     }
-                    reset(&pool).await?;
-                    raw_publish(&pool, &envelopes).await?;
-                    let measured = Drain::measure(
-                        jobs,
-                        raw_drain(&pool, shape, concurrency, RAW_BATCH, jobs, false),
-                    )
-                    .await?;
+                    spent.backlog(&pool, raw_publish(&pool, &envelopes)).await?;
+                    let drain = raw_drain(&pool, shape, concurrency, RAW_BATCH, jobs, false);
+                    let measured = spent.drain(Drain::measure(jobs, drain)).await?;
                     raw_100 = Drain::best(raw_100, measured);
                 }
                 if side("runtime") {
-                    reset(&pool).await?;
-                    queue_enqueue(&queue, &envelopes, 4).await?;
-                    let measured = Drain::measure(
-                        jobs,
-                        runtime_drain(&store, &queue, shape, concurrency, jobs),
-                    )
-                    .await?;
+                    spent
+                        .backlog(&pool, async {
+                            queue_enqueue(&queue, &envelopes, 4).await.map(|_| ())
+                        })
+                        .await?;
+                    let drain = runtime_drain(&store, &queue, shape, concurrency, jobs);
+                    let measured = spent.drain(Drain::measure(jobs, drain)).await?;
                     ours = Drain::best(ours, measured);
                     check_drained(&pool, shape, jobs).await?;
                 }
@@ -371,7 +367,53 @@ async fn compare(options: &PgConnectOptions, jobs: u64) -> Result<()> {
         latency(&pool, 200, 1_000).await?;
         pool.close().await;
     }
+    spent.report(started.elapsed());
     Ok(())
+}
+
+/// Where a run's time went: the measured drains, and laying out a backlog before each.
+#[derive(Default)]
+struct Spent {
+    drains: Duration,
+    backlogs: Duration,
+}
+
+impl Spent {
+    async fn drain<T>(&mut self, drain: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let drained = drain.await;
+        self.drains += started.elapsed();
+        drained
+    }
+
+    /// Empties the tables, then runs `publish` to lay out the next drain's backlog.
+    async fn backlog(
+        &mut self,
+        pool: &PgPool,
+        publish: impl Future<Output = Result<()>>,
+    ) -> Result<()> {
+        let started = Instant::now();
+        reset(pool).await?;
+        publish.await?;
+        self.backlogs += started.elapsed();
+        Ok(())
+    }
+
+    fn report(&self, total: Duration) {
+        let rest = total.saturating_sub(self.drains + self.backlogs);
+        println!(
+            "\nthe run took {:.0} s: {:.0} s draining, {:.0} s laying out backlogs, {:.0} s else",
+            total.as_secs_f64(),
+            self.drains.as_secs_f64(),
+            self.backlogs.as_secs_f64(),
+            rest.as_secs_f64(),
+        );
+        support::json_row(json!({
+            "bench": "pg-queue", "shape": "run", "seconds": total.as_secs_f64().round(),
+            "drain_seconds": self.drains.as_secs_f64().round(),
+            "backlog_seconds": self.backlogs.as_secs_f64().round(),
+        }));
+    }
 }
 
 /// A pool sized as a worker of `concurrency` needs it ([`WorkerConfig::connections`]), the

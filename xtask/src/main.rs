@@ -31,8 +31,10 @@ Commands:
           install the vendors' emulators the tests run (Vercel Queues) into .venv
   bench <name>
           run a benchmark (release build) next to its baseline: consume, ratelimit, vercel,
-          pg-queue (JOBS_BENCH_PG_QUEUE_JOBS=10000 for a quick run), fairness
-          (JOBS_BENCH_FAIR_BACKLOGS=10000 for a quick run)
+          pg-queue (JOBS_BENCH_PG_QUEUE_JOBS=10000 for a quick run, JOBS_BENCH_ROUNDS=1 for
+          one round per row instead of the best of three), fairness
+          (JOBS_BENCH_FAIR_BACKLOGS=10000 for a quick run), soak (a private PostgreSQL
+          cluster with autovacuum on; JOBS_BENCH_SOAK_SECONDS, default 180)
   mutants [--in-diff [BASE]]
           mutation testing of the runtime and the semantics crates (pinned cargo-mutants,
           installed when missing): every mutant, or with --in-diff those of lines changed since
@@ -103,6 +105,7 @@ const BENCHES: &[(&str, Cmd)] = &[
     bench!("vercel"),
     bench!("pg-queue"),
     bench!("fairness"),
+    bench!("soak"),
 ];
 
 fn main() -> ExitCode {
