@@ -597,8 +597,8 @@ async fn raw_drain(
     let lease = LEASE_STATEMENT
         .replace("core.jobs", "raw_jobs")
         .replace(
-            "c.leased as expired)",
-            "c.leased as expired, j.dedup_key::uuid as job_id)",
+            "as was_visible_at)",
+            "as was_visible_at, j.dedup_key::uuid as job_id)",
         )
         .replace(
             " from leased",
@@ -618,6 +618,9 @@ async fn raw_drain(
         let (pool, done, lease) = (pool.clone(), done.clone(), lease.clone());
         tasks.spawn(async move {
             let mut conn = pool.acquire().await?;
+            // Where the next lease reads from, as the queue keeps it: the earliest row the
+            // last one leased, never more than a second behind its start.
+            let mut mark = None;
             while done.load(Ordering::Relaxed) < jobs {
                 let now = sqlx::types::chrono::Utc::now();
                 let row = sqlx::query(AssertSqlSafe(Arc::clone(&lease)))
@@ -625,8 +628,13 @@ async fn raw_drain(
                     .bind(now)
                     .bind(now + Duration::from_secs(60))
                     .bind(i64::try_from(batch)?)
+                    .bind(mark)
                     .fetch_one(&mut *conn)
                     .await?;
+                let first: Option<sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>> =
+                    row.try_get("first")?;
+                let behind = now - Duration::from_secs(1);
+                mark = Some(first.map_or(behind, |first| first.min(behind)));
                 let ids: Vec<i64> = row.try_get("ids")?;
                 let job_ids: Vec<Uuid> = row.try_get("job_ids")?;
                 if ids.is_empty() {

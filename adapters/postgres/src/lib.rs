@@ -50,6 +50,8 @@ mod error;
 #[cfg(feature = "queue")]
 mod fair;
 #[cfg(feature = "queue")]
+mod mark;
+#[cfg(feature = "queue")]
 mod outbox;
 mod partitions;
 #[cfg(feature = "queue")]

@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use crate::convert::{from_timestamp, to_timestamp};
 use crate::error::store_error;
 use crate::fair::{self, Fetch, Lanes};
+use crate::mark::Marks;
 use crate::rows::{Leased, parse_token, queue_error, timestamp};
 use crate::tx::Taken;
 use crate::{PgStore, PgWorkTx};
@@ -68,6 +69,7 @@ pub struct PgQueue {
     clock: Arc<dyn Clock>,
     hub: Arc<Hub>,
     lanes: Arc<Lanes>,
+    marks: Arc<Marks>,
 }
 
 impl fmt::Debug for PgQueue {
@@ -111,6 +113,7 @@ impl PgQueue {
             pool,
             clock: Arc::new(SystemClock),
             lanes: Arc::default(),
+            marks: Arc::default(),
         }
     }
 
@@ -349,7 +352,8 @@ impl PgQueue {
     }
 }
 
-/// The lease of up to `$4` ready jobs of queue `$1` at `$2` until `$3`, in one committed
+/// The lease of up to `$4` ready jobs of queue `$1` at `$2` until `$3`, reading the ready
+/// index from `$5` (the queue's low-water mark, [`crate::mark`]; null for its start), in one committed
 /// statement: a new fencing generation, one delivery more. Its commit does not wait for the
 /// WAL flush (`synchronous_commit` off for this statement's transaction): a lease lost to a
 /// server crash only makes its jobs ready again with their earlier attempt count, and any
@@ -359,7 +363,8 @@ impl PgQueue {
 /// It answers in one row, as arrays in id order (insertion order, which is also the fetch
 /// order among rows due at the same time), each job's id, payload, deliveries, lease
 /// generation, and whether it was leased before (a lease that expired unsettled:
-/// [`Delivery::expired`]); every lease ends at `$3`. One row of arrays, rather than a row per
+/// [`Delivery::expired`]), and the earliest `visible_at` the rows had (`first`, the next
+/// mark); every lease ends at `$3`. One row of arrays, rather than a row per
 /// job, costs the client a fraction of the decoding. It fetches the rows without a lane: a
 /// fair queue's rows have one, and `core.lease_fair` fetches them.
 ///
@@ -371,11 +376,14 @@ pub const LEASE_STATEMENT: &str = "with async_commit as \
          (select set_config('synchronous_commit', 'off', true)), \
      leased as (update core.jobs j set leased = true, visible_at = $3, \
          deliveries = j.deliveries + 1, lease_gen = j.lease_gen + 1 \
-     from (select id, leased from core.jobs where queue = $1 and lane is null and visible_at <= $2 \
+     from (select id, leased, visible_at from core.jobs where queue = $1 and lane is null \
+           and visible_at >= coalesce($5, '-infinity') and visible_at <= $2 \
            order by visible_at, id limit $4 for update skip locked) as c, async_commit \
      where j.id = c.id \
-     returning j.id, j.payload, j.deliveries, j.lease_gen, c.leased as expired) \
-     select coalesce(array_agg(id order by id), '{}') as ids, \
+     returning j.id, j.payload, j.deliveries, j.lease_gen, c.leased as expired, \
+         c.visible_at as was_visible_at) \
+     select min(was_visible_at) as first, \
+         coalesce(array_agg(id order by id), '{}') as ids, \
          coalesce(array_agg(payload order by id), '{}') as payloads, \
          coalesce(array_agg(deliveries order by id), '{}') as deliveries, \
          coalesce(array_agg(lease_gen order by id), '{}') as generations, \
@@ -434,14 +442,18 @@ impl PullPort for PgQueue {
         }
         let now = self.clock.now();
         let until = timestamp(queue, later(queue, now, lease, "lease")?)?;
+        let start = self.marks.start(queue);
+        let from = start.from.map(|from| timestamp(queue, from)).transpose()?;
         let leased: Leased = sqlx::query_as(LEASE_STATEMENT)
             .bind(queue.as_str())
             .bind(timestamp(queue, now)?)
             .bind(until)
             .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .bind(from)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| queue_error(queue, "lease jobs from core.jobs", e))?;
+        self.marks.learn(queue, start, now, leased.first());
         // The lease's end as the database keeps it, to the microsecond.
         let until = from_timestamp(until).map_err(|e| QueueError::Rejected {
             queue: queue.clone(),
@@ -531,10 +543,16 @@ impl PgQueue {
     /// fair queue), or when the database does not answer (the wait then relies on the
     /// notification and the caller's poll).
     async fn next_due(&self, queue: &QueueName) -> Option<Duration> {
+        let from = match self.marks.low(queue) {
+            Some(low) => Some(to_timestamp(low).ok()?),
+            None => None,
+        };
         let due: Option<DateTime<Utc>> = sqlx::query_scalar(
-            "select min(visible_at) from core.jobs where queue = $1 and lane is null",
+            "select min(visible_at) from core.jobs where queue = $1 and lane is null \
+             and visible_at >= coalesce($2, '-infinity')",
         )
         .bind(queue.as_str())
+        .bind(from)
         .fetch_one(&self.pool)
         .await
         .ok()?;

@@ -49,6 +49,7 @@ pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc
 /// [`LEASE_STATEMENT`](crate::LEASE_STATEMENT)'s answer.
 #[derive(sqlx::FromRow)]
 pub(crate) struct Leased {
+    first: Option<DateTime<Utc>>,
     ids: Vec<i64>,
     payloads: Vec<Vec<u8>>,
     deliveries: Vec<i32>,
@@ -57,9 +58,15 @@ pub(crate) struct Leased {
 }
 
 impl Leased {
+    /// The earliest `visible_at` the leased rows had: where the queue's next fetch may start.
+    pub(crate) fn first(&self) -> Option<SystemTime> {
+        self.first.and_then(|first| from_timestamp(first).ok())
+    }
+
     /// The deliveries of queue `queue`, each lease ending at `until`, in id order.
     pub(crate) fn deliveries(self, queue: &QueueName, until: SystemTime) -> Vec<Delivery> {
         let Leased {
+            first: _,
             ids,
             payloads,
             deliveries,

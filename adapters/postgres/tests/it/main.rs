@@ -8,6 +8,8 @@ mod effects;
 #[cfg(feature = "queue")]
 mod grouped;
 #[cfg(feature = "queue")]
+mod mark;
+#[cfg(feature = "queue")]
 mod outbox;
 mod partitions;
 #[cfg(feature = "queue")]
