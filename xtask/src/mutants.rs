@@ -100,6 +100,7 @@ const PG_QUEUE_TESTS: &[&str] = &[
     "--",
     "queue::",
     "grouped::",
+    "mark::",
     PG_TEST_THREADS,
 ];
 
@@ -153,6 +154,28 @@ const GROUPS: &[Group] = &[
         test_packages: &[],
         features: &["jobs-adapter-postgres/queue"],
         test_args: PG_QUEUE_TESTS,
+        missed_by: None,
+        min_timeout_secs: 120,
+        nextest: false,
+    },
+    // The queue's low-water mark (ADR 0015): its rules against its unit tests and the queue
+    // suites on a real PostgreSQL.
+    Group {
+        name: "postgres-mark",
+        package: "jobs-adapter-postgres",
+        files: &["adapters/postgres/src/mark.rs"],
+        only: None,
+        test_packages: &[],
+        features: &["jobs-adapter-postgres/queue"],
+        test_args: &[
+            "--lib",
+            "--test",
+            "it",
+            "--",
+            "mark::",
+            "queue::",
+            PG_TEST_THREADS,
+        ],
         missed_by: None,
         min_timeout_secs: 120,
         nextest: false,

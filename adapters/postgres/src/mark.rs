@@ -183,6 +183,19 @@ mod tests {
     }
 
     #[test]
+    fn a_sweep_remembers_how_long_it_took() {
+        let marks = Marks::default();
+        let took = Duration::from_millis(1_500);
+        let start = Start {
+            from: None,
+            at: Instant::now().checked_sub(took).unwrap(),
+        };
+        marks.learn(&queue(), start, at(1_000), Some(at(990)));
+        // Twenty times its length from its start: not due for half a minute.
+        assert_eq!(marks.start(&queue()).from, Some(at(990)));
+    }
+
+    #[test]
     fn queues_keep_their_own_marks() {
         let marks = Marks::default();
         let other: QueueName = "billing.refunds".parse().unwrap();
