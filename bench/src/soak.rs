@@ -40,7 +40,7 @@ use jobs_core::{
 use serde::Deserialize;
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, PgConnection};
+use sqlx::{ConnectOptions, Connection, Executor, PgConnection};
 
 use crate::support;
 
@@ -80,13 +80,14 @@ async fn soak(server: PgConnectOptions, length: Duration) -> Result<()> {
         sqlx::query_as("select current_setting('autovacuum'), current_setting('server_version')")
             .fetch_one(&mut admin)
             .await?;
+    admin.close().await?;
     println!(
         "soak: PostgreSQL {version}, autovacuum {autovacuum}; {} s of publishing per run, \
          about {READY} jobs kept ready; soak.fifo at concurrency 16, soak.fair (4 tenants) at 4",
         length.as_secs()
     );
-    let unheld = one_run(&mut admin, &server, length, false).await?;
-    let held = one_run(&mut admin, &server, length, true).await?;
+    let unheld = one_run(&server, length, false).await?;
+    let held = one_run(&server, length, true).await?;
 
     println!(
         "\n{:>6}  {:>14}  {:>16}  {:>12}  {:>14}",
@@ -198,34 +199,28 @@ impl Run {
 
 /// A fresh database, `length` of sustained publishing and draining (beside a held snapshot
 /// when `held`), the rest drained, every job's effect checked.
-async fn one_run(
-    admin: &mut PgConnection,
-    server: &PgConnectOptions,
-    length: Duration,
-    held: bool,
-) -> Result<Run> {
+async fn one_run(server: &PgConnectOptions, length: Duration, held: bool) -> Result<Run> {
     let name = if held { "held" } else { "unheld" };
-    let database = format!("jobs_bench_soak_{name}_{}", std::process::id());
-    sqlx::query(AssertSqlSafe(format!("create database \"{database}\"")))
-        .execute(&mut *admin)
-        .await?;
-    let run = drive(server.clone().database(&database), length, held).await;
-    sqlx::query(AssertSqlSafe(format!(
-        "drop database if exists \"{database}\" with (force)"
-    )))
-    .execute(&mut *admin)
+    let prefix = format!("jobs_bench_soak_{name}");
+    let run = support::with_database_on(server, &prefix, |options| {
+        drive(options, name, length, held)
+    })
     .await?;
-    let run = run?;
     println!(
         "{name}: {} jobs, {} windows, drained the rest in {:.1} s",
         run.published,
         run.windows.len(),
         run.tail.as_secs_f64()
     );
-    Ok(Run { name, ..run })
+    Ok(run)
 }
 
-async fn drive(options: PgConnectOptions, length: Duration, held: bool) -> Result<Run> {
+async fn drive(
+    options: PgConnectOptions,
+    name: &'static str,
+    length: Duration,
+    held: bool,
+) -> Result<Run> {
     let pool = PgStore::pool_options(32)
         .connect_with(options.clone())
         .await?;
@@ -296,7 +291,7 @@ async fn drive(options: PgConnectOptions, length: Duration, held: bool) -> Resul
         let w = windows.last().context("a window")?;
         println!(
             "  {}: {:>5}s  {:>8.0} jobs/s  fetch p99 {:>7.1} ms",
-            if held { "held" } else { "unheld" },
+            name,
             windows.len() * 10,
             w.jobs_per_s,
             w.fetch_p99_ms
@@ -306,25 +301,26 @@ async fn drive(options: PgConnectOptions, length: Duration, held: bool) -> Resul
     publisher.await??;
     let published = published.load(Ordering::Relaxed);
 
-    // What is left, drained; then every job's row exactly once.
+    // What is left, drained (the handlers' count, then the queue itself: a group's last
+    // commit follows its handlers); then every job's row exactly once.
     let tail = Instant::now();
     let mut progress = (done.load(Ordering::Relaxed), Instant::now());
     loop {
-        let (rows, left): (i64, i64) = sqlx::query_as(
-            "select (select count(*) from effects), (select count(*) from core.jobs)",
-        )
-        .fetch_one(&pool)
-        .await?;
-        if left == 0 && u64::try_from(rows)? >= published {
-            break;
-        }
         let now = done.load(Ordering::Relaxed);
+        if now >= published {
+            let left: i64 = sqlx::query_scalar("select count(*) from core.jobs")
+                .fetch_one(&pool)
+                .await?;
+            if left == 0 {
+                break;
+            }
+        }
         if now > progress.0 {
             progress = (now, Instant::now());
         }
         anyhow::ensure!(
             progress.1.elapsed() < STALL,
-            "the workers stalled with {left} jobs left and {rows} of {published} done"
+            "the workers stalled after {now} of {published} jobs"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -361,7 +357,7 @@ async fn drive(options: PgConnectOptions, length: Duration, held: bool) -> Resul
     holder.close().await?;
     pool.close().await;
     Ok(Run {
-        name: "",
+        name,
         windows,
         fetch_p99_ms: p99(all_fetches.iter().map(|f| f.0)),
         fifo_p99_ms: p99(all_fetches.iter().filter(|f| !f.1).map(|f| f.0)),

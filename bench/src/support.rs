@@ -35,16 +35,29 @@ pub(crate) fn count(var: &str, default: u64) -> Result<u64> {
 
 /// Runs `work` on a fresh database named after `prefix` on the server `DATABASE_URL` names
 /// (default the local one), dropping it afterwards whatever `work` returned.
-pub(crate) async fn with_database<F, Fut>(prefix: &str, work: F) -> Result<()>
+pub(crate) async fn with_database<T, F, Fut>(prefix: &str, work: F) -> Result<T>
 where
     F: FnOnce(PgConnectOptions) -> Fut,
-    Fut: Future<Output = Result<()>>,
+    Fut: Future<Output = Result<T>>,
 {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
     let server = PgConnectOptions::from_str(&url)?.disable_statement_logging();
+    with_database_on(&server, prefix, work).await
+}
+
+/// [`with_database`] on `server`.
+pub(crate) async fn with_database_on<T, F, Fut>(
+    server: &PgConnectOptions,
+    prefix: &str,
+    work: F,
+) -> Result<T>
+where
+    F: FnOnce(PgConnectOptions) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
     let name = format!("{prefix}_{}", std::process::id());
-    let mut admin = PgConnection::connect_with(&server)
+    let mut admin = PgConnection::connect_with(server)
         .await
         .context("connecting to PostgreSQL")?;
     // The bench's own name: a prefix and the process id.

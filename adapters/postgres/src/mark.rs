@@ -18,8 +18,9 @@
 //! - a row that does (committed later than [`GRACE`] after its `visible_at`: `publish_in` in
 //!   a long transaction, a publisher's clock further behind, a lease statement rolled back)
 //!   is found by the next **sweep**, a fetch from the index's start, which runs at most
-//!   every [`SWEEP_EVERY`] and, as its cost grows under a held snapshot, spends at most a
-//!   twentieth of the time since the last: such a row is late by that much, never lost.
+//!   every [`SWEEP_EVERY`] and no sooner than twenty times the last sweep's length after it
+//!   (a sweep's cost grows under a held snapshot): such a row is late by up to that
+//!   period, never lost.
 //!
 //! The mark lives in the process, not the database: a mark in a table would itself leave a
 //! dead version per update for the held snapshot to keep.
@@ -32,10 +33,10 @@ use jobs_core::QueueName;
 
 /// How far behind a fetch's "now" the mark stays at most: rows committed this long after
 /// their `visible_at` are still found without a sweep.
-pub(crate) const GRACE: Duration = Duration::from_secs(1);
+const GRACE: Duration = Duration::from_secs(1);
 
 /// The least time between two sweeps of a queue.
-pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(1);
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// A sweep may take at most this share of the time since the previous one (its inverse).
 const SWEEP_SHARE: u32 = 20;
@@ -86,20 +87,18 @@ impl Marks {
         let behind = now.checked_sub(GRACE).unwrap_or(SystemTime::UNIX_EPOCH);
         let low = first.map_or(behind, |first| first.min(behind));
         let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
-        match (queues.get_mut(queue), start.from) {
-            (Some(mark), Some(_)) => mark.low = low,
-            (_, None) => {
-                queues.insert(
-                    queue.clone(),
-                    Mark {
-                        low,
-                        swept: start.at,
-                        sweep_took: start.at.elapsed(),
-                    },
-                );
+        match queues.get_mut(queue) {
+            // A fetch from the mark (marks are never removed, so the queue has one).
+            Some(mark) if start.from.is_some() => mark.low = low,
+            // A sweep, the queue's first fetch among them.
+            _ => {
+                let swept = Mark {
+                    low,
+                    swept: start.at,
+                    sweep_took: start.at.elapsed(),
+                };
+                queues.insert(queue.clone(), swept);
             }
-            // A sweep took the queue's mark away meanwhile: the next fetch sweeps again.
-            (None, Some(_)) => {}
         }
     }
 

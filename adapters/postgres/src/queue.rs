@@ -352,21 +352,20 @@ impl PgQueue {
     }
 }
 
-/// The lease of up to `$4` ready jobs of queue `$1` at `$2` until `$3`, reading the ready
-/// index from `$5` (the queue's low-water mark, [`crate::mark`]; null for its start), in one committed
-/// statement: a new fencing generation, one delivery more. Its commit does not wait for the
-/// WAL flush (`synchronous_commit` off for this statement's transaction): a lease lost to a
-/// server crash only makes its jobs ready again with their earlier attempt count, and any
-/// effect of a lease (a group's commit, an ack) is a later synchronous commit, whose flush
-/// makes the lease durable first. A worker's crash loses nothing of it.
+/// The lease of up to `$4` ready jobs of queue `$1` at `$2` until `$3`, reading the ready index
+/// from `$5` (the queue's low-water mark, [`crate::mark`]; null for its start), in one committed
+/// statement: a new fencing generation, one delivery more. Its commit does not wait for the WAL
+/// flush (`synchronous_commit` off for this statement's transaction): a lease lost to a server
+/// crash only makes its jobs ready again with their earlier attempt count, and any effect of a
+/// lease (a group's commit, an ack) is a later synchronous commit, whose flush makes the lease
+/// durable first. A worker's crash loses nothing of it.
 ///
-/// It answers in one row, as arrays in id order (insertion order, which is also the fetch
-/// order among rows due at the same time), each job's id, payload, deliveries, lease
-/// generation, and whether it was leased before (a lease that expired unsettled:
-/// [`Delivery::expired`]), and the earliest `visible_at` the rows had (`first`, the next
-/// mark); every lease ends at `$3`. One row of arrays, rather than a row per
-/// job, costs the client a fraction of the decoding. It fetches the rows without a lane: a
-/// fair queue's rows have one, and `core.lease_fair` fetches them.
+/// It answers in one row, as arrays in id order (insertion order, which is also the fetch order
+/// among rows due at the same time), each job's id, payload, deliveries, lease generation, and
+/// whether it was leased before (a lease that expired unsettled: [`Delivery::expired`]), and the
+/// earliest `visible_at` the rows had (`first`, the next mark); every lease ends at `$3`. One row
+/// of arrays, rather than a row per job, costs the client a fraction of the decoding. It fetches
+/// the rows without a lane: a fair queue's rows have one, and `core.lease_fair` fetches them.
 ///
 /// Public for one reader only, `jobs-bench`'s raw baseline, so that what the runtime is
 /// compared with is always the statement the queue runs; hidden from the documentation, not
@@ -543,10 +542,7 @@ impl PgQueue {
     /// fair queue), or when the database does not answer (the wait then relies on the
     /// notification and the caller's poll).
     async fn next_due(&self, queue: &QueueName) -> Option<Duration> {
-        let from = match self.marks.low(queue) {
-            Some(low) => Some(to_timestamp(low).ok()?),
-            None => None,
-        };
+        let from = self.marks.low(queue).map(to_timestamp).transpose().ok()?;
         let due: Option<DateTime<Utc>> = sqlx::query_scalar(
             "select min(visible_at) from core.jobs where queue = $1 and lane is null \
              and visible_at >= coalesce($2, '-infinity')",
