@@ -182,6 +182,27 @@ mod tests {
     }
 
     #[test]
+    fn a_fetch_from_the_mark_moves_it_and_keeps_the_sweeps_period() {
+        let marks = swept(SWEEP_EVERY / 2, Duration::ZERO);
+        let before = marks.queues.lock().unwrap()[&queue()].swept;
+        let start = marks.start(&queue());
+        assert_eq!(start.from, Some(at(990)));
+        marks.learn(&queue(), start, at(1_000), Some(at(995)));
+        let mark = marks.queues.lock().unwrap()[&queue()];
+        assert_eq!(mark.low, at(995));
+        assert_eq!(mark.swept, before, "only a sweep starts the next period");
+    }
+
+    #[test]
+    fn a_sweep_over_a_mark_starts_the_next_period() {
+        let marks = swept(SWEEP_EVERY + Duration::from_millis(100), Duration::ZERO);
+        let start = marks.start(&queue());
+        assert_eq!(start.from, None);
+        marks.learn(&queue(), start, at(1_000), Some(at(995)));
+        assert_eq!(marks.start(&queue()).from, Some(at(995)));
+    }
+
+    #[test]
     fn a_sweep_remembers_how_long_it_took() {
         let marks = Marks::default();
         let took = Duration::from_millis(1_500);
