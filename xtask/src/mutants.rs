@@ -180,6 +180,29 @@ const GROUPS: &[Group] = &[
         min_timeout_secs: 120,
         nextest: false,
     },
+    // The fair fetch's marks per lane (ADR 0015): its rules against its unit tests, the mark
+    // suite and the queue suites (the fair contract and the fairness contract among them).
+    Group {
+        name: "postgres-fair",
+        package: "jobs-adapter-postgres",
+        files: &["adapters/postgres/src/fair.rs"],
+        only: None,
+        test_packages: &[],
+        features: &["jobs-adapter-postgres/queue"],
+        test_args: &[
+            "--lib",
+            "--test",
+            "it",
+            "--",
+            "fair::",
+            "mark::",
+            "queue::",
+            PG_TEST_THREADS,
+        ],
+        missed_by: None,
+        min_timeout_secs: 120,
+        nextest: false,
+    },
     Group::own(
         "notifications",
         "jobs-notifications",

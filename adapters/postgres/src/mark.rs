@@ -22,6 +22,9 @@
 //!   (a sweep's cost grows under a held snapshot): such a row is late by up to that
 //!   period, never lost.
 //!
+//! A fair queue's rows are in another index, by lane (ADR 0013), and its fetch keeps one
+//! [`Mark`] per lane by the same rules (`fair.rs`), each lane swept on its own.
+//!
 //! The mark lives in the process, not the database: a mark in a table would itself leave a
 //! dead version per update for the held snapshot to keep.
 
@@ -41,20 +44,53 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// A sweep may take at most this share of the time since the previous one (its inverse).
 const SWEEP_SHARE: u32 = 20;
 
-/// The marks of the queues one [`PgQueue`](crate::PgQueue) and its clones fetch.
+/// The marks of the queues one [`PgQueue`](crate::PgQueue) and its clones fetch oldest first.
 #[derive(Debug, Default)]
 pub(crate) struct Marks {
     queues: Mutex<HashMap<QueueName, Mark>>,
 }
 
+/// Where reads of one range of the index (a queue's, or a fair queue's lane) start, and when
+/// it was last swept.
 #[derive(Debug, Clone, Copy)]
-struct Mark {
+pub(crate) struct Mark {
     low: SystemTime,
     swept: Instant,
     sweep_took: Duration,
 }
 
-/// Where one fetch reads from, handed back to [`Marks::learn`] with its answer.
+impl Mark {
+    /// Where a read starting at `at` begins: at the mark, or at the index's start (none)
+    /// when the sweep is due.
+    fn from(&self, at: Instant) -> Option<SystemTime> {
+        let due = self.swept + SWEEP_EVERY.max(self.sweep_took * SWEEP_SHARE);
+        (at < due).then_some(self.low)
+    }
+
+    /// The mark after a read that started as `start` at `now` (the queue's clock) and found
+    /// its first row at `first`, if any; `previous` is the mark it started from.
+    pub(crate) fn after(
+        previous: Option<&Mark>,
+        start: Start,
+        now: SystemTime,
+        first: Option<SystemTime>,
+    ) -> Mark {
+        let behind = now.checked_sub(GRACE).unwrap_or(SystemTime::UNIX_EPOCH);
+        let low = first.map_or(behind, |first| first.min(behind));
+        match previous {
+            // A read from the mark keeps the sweep's period.
+            Some(mark) if start.from.is_some() => Mark { low, ..*mark },
+            // A sweep, or the first read.
+            _ => Mark {
+                low,
+                swept: start.at,
+                sweep_took: start.at.elapsed(),
+            },
+        }
+    }
+}
+
+/// Where one read starts, handed back to [`Mark::after`] with its answer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Start {
     /// The mark, or none for a sweep.
@@ -62,17 +98,23 @@ pub(crate) struct Start {
     at: Instant,
 }
 
+impl Start {
+    /// A read starting at `at` from `mark`: at its low mark, or from the index's start when
+    /// there is none or its sweep is due.
+    pub(crate) fn at(mark: Option<&Mark>, at: Instant) -> Start {
+        Start {
+            from: mark.and_then(|mark| mark.from(at)),
+            at,
+        }
+    }
+}
+
 impl Marks {
     /// Where a fetch of `queue` starts: its mark, or the index's start (a sweep) when the
     /// queue has none yet or its sweep is due.
     pub(crate) fn start(&self, queue: &QueueName) -> Start {
-        let at = Instant::now();
         let queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
-        let from = queues.get(queue).and_then(|mark| {
-            let due = mark.swept + SWEEP_EVERY.max(mark.sweep_took * SWEEP_SHARE);
-            (at < due).then_some(mark.low)
-        });
-        Start { from, at }
+        Start::at(queues.get(queue), Instant::now())
     }
 
     /// The mark after a fetch of `queue` that started as `start` at `now` (the queue's clock)
@@ -84,20 +126,11 @@ impl Marks {
         now: SystemTime,
         first: Option<SystemTime>,
     ) {
-        let behind = now.checked_sub(GRACE).unwrap_or(SystemTime::UNIX_EPOCH);
-        let low = first.map_or(behind, |first| first.min(behind));
         let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
         match queues.get_mut(queue) {
-            // A fetch from the mark (marks are never removed, so the queue has one).
-            Some(mark) if start.from.is_some() => mark.low = low,
-            // A sweep, the queue's first fetch among them.
-            _ => {
-                let swept = Mark {
-                    low,
-                    swept: start.at,
-                    sweep_took: start.at.elapsed(),
-                };
-                queues.insert(queue.clone(), swept);
+            Some(mark) => *mark = Mark::after(Some(mark), start, now, first),
+            None => {
+                queues.insert(queue.clone(), Mark::after(None, start, now, first));
             }
         }
     }
