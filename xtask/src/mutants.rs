@@ -158,12 +158,15 @@ const GROUPS: &[Group] = &[
         min_timeout_secs: 120,
         nextest: false,
     },
-    // The queue's low-water mark (ADR 0015): its rules against its unit tests and the queue
-    // suites on a real PostgreSQL.
+    // The low-water marks (ADR 0015): their rules, and the outbox relay's, against their unit
+    // tests and the mark, outbox and queue suites on a real PostgreSQL.
     Group {
         name: "postgres-mark",
         package: "jobs-adapter-postgres",
-        files: &["adapters/postgres/src/mark.rs"],
+        files: &[
+            "adapters/postgres/src/mark.rs",
+            "adapters/postgres/src/outbox.rs",
+        ],
         only: None,
         test_packages: &[],
         features: &["jobs-adapter-postgres/queue"],
@@ -173,6 +176,7 @@ const GROUPS: &[Group] = &[
             "it",
             "--",
             "mark::",
+            "outbox::",
             "queue::",
             PG_TEST_THREADS,
         ],

@@ -50,33 +50,26 @@ pub(crate) struct Marks {
     queues: Mutex<HashMap<QueueName, Mark>>,
 }
 
-/// Where reads of one range of the index (a queue's, or a fair queue's lane) start, and when
-/// it was last swept.
+/// Where reads of one range of an index start (a queue's ready rows, a fair queue's lane, the
+/// outbox's ids), and when it was last swept. The mark is a time for the queue's indexes and
+/// an id for the outbox.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Mark {
-    low: SystemTime,
+pub(crate) struct Mark<T = SystemTime> {
+    low: T,
     swept: Instant,
     sweep_took: Duration,
 }
 
-impl Mark {
+impl<T: Copy> Mark<T> {
     /// Where a read starting at `at` begins: at the mark, or at the index's start (none)
     /// when the sweep is due.
-    fn from(&self, at: Instant) -> Option<SystemTime> {
+    fn from(&self, at: Instant) -> Option<T> {
         let due = self.swept + SWEEP_EVERY.max(self.sweep_took * SWEEP_SHARE);
         (at < due).then_some(self.low)
     }
 
-    /// The mark after a read that started as `start` at `now` (the queue's clock) and found
-    /// its first row at `first`, if any; `previous` is the mark it started from.
-    pub(crate) fn after(
-        previous: Option<&Mark>,
-        start: Start,
-        now: SystemTime,
-        first: Option<SystemTime>,
-    ) -> Mark {
-        let behind = now.checked_sub(GRACE).unwrap_or(SystemTime::UNIX_EPOCH);
-        let low = first.map_or(behind, |first| first.min(behind));
+    /// The mark at `low` after a read that started as `start` from `previous`.
+    pub(crate) fn moved(previous: Option<&Mark<T>>, start: Start<T>, low: T) -> Mark<T> {
         match previous {
             // A read from the mark keeps the sweep's period.
             Some(mark) if start.from.is_some() => Mark { low, ..*mark },
@@ -88,20 +81,40 @@ impl Mark {
             },
         }
     }
+
+    /// Where reads start while no sweep is due.
+    pub(crate) fn low(&self) -> T {
+        self.low
+    }
+}
+
+impl Mark {
+    /// The mark after a read that started as `start` at `now` (the queue's clock) and found
+    /// its first row at `first`, if any; `previous` is the mark it started from.
+    pub(crate) fn after(
+        previous: Option<&Mark>,
+        start: Start,
+        now: SystemTime,
+        first: Option<SystemTime>,
+    ) -> Mark {
+        let behind = now.checked_sub(GRACE).unwrap_or(SystemTime::UNIX_EPOCH);
+        let low = first.map_or(behind, |first| first.min(behind));
+        Mark::moved(previous, start, low)
+    }
 }
 
 /// Where one read starts, handed back to [`Mark::after`] with its answer.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Start {
+pub(crate) struct Start<T = SystemTime> {
     /// The mark, or none for a sweep.
-    pub(crate) from: Option<SystemTime>,
+    pub(crate) from: Option<T>,
     at: Instant,
 }
 
-impl Start {
+impl<T: Copy> Start<T> {
     /// A read starting at `at` from `mark`: at its low mark, or from the index's start when
     /// there is none or its sweep is due.
-    pub(crate) fn at(mark: Option<&Mark>, at: Instant) -> Start {
+    pub(crate) fn at(mark: Option<&Mark<T>>, at: Instant) -> Start<T> {
         Start {
             from: mark.and_then(|mark| mark.from(at)),
             at,

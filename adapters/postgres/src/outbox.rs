@@ -3,8 +3,8 @@
 //! transport with their dedup keys.
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Instant, SystemTime};
 
 use chrono::{DateTime, Utc};
 use jobs_core::{
@@ -13,6 +13,7 @@ use jobs_core::{
 use sqlx::{PgConnection, PgPool};
 
 use crate::convert::from_timestamp;
+use crate::mark::{Mark, Start};
 use crate::rows::{queue_error, timestamp};
 
 /// The advisory lock key the relay holds for its transaction: one relay at a time, so rows
@@ -129,11 +130,18 @@ impl Outbox {
 /// what was forwarded. A relay that dies mid-batch commits nothing, so the rows are forwarded
 /// again and the target drops the copies by key: no job is lost or doubled downstream, as
 /// long as the target deduplicates for longer than the relay takes to come back.
+///
+/// The relay and its clones read the outbox from a low-water mark (ADR 0015): the first id
+/// the last read found, so that a snapshot held elsewhere does not make every read walk the
+/// rows forwarded since. A row committed with an id below it (a transaction that took its id
+/// before the last read and committed after it) is forwarded by the next sweep from the
+/// start, at most a second later (longer while a held snapshot makes sweeps slow).
 #[derive(Clone)]
 pub struct OutboxRelay {
     pool: PgPool,
     target: Arc<dyn QueuePort>,
     clock: Arc<dyn Clock>,
+    mark: Arc<Mutex<Option<Mark<i64>>>>,
 }
 
 impl fmt::Debug for OutboxRelay {
@@ -164,6 +172,7 @@ impl OutboxRelay {
             pool,
             target,
             clock: Arc::new(SystemClock),
+            mark: Arc::default(),
         }
     }
 
@@ -191,14 +200,17 @@ impl OutboxRelay {
             .execute(&mut *tx)
             .await
             .map_err(err("take the relay lock"))?;
+        let start = Start::at(self.lock_mark().as_ref(), Instant::now());
         let rows: Vec<Row> = sqlx::query_as(
             "select id, queue, dedup_key, payload, run_at from core.outbox \
-             order by id limit $1",
+             where id >= $2 order by id limit $1",
         )
         .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .bind(start.from.unwrap_or(i64::MIN))
         .fetch_all(&mut *tx)
         .await
         .map_err(err("read core.outbox"))?;
+        self.learn(start, rows.first().map(|row| row.id));
         let mut forwarded = Vec::with_capacity(rows.len());
         let mut failure = None;
         for row in rows {
@@ -219,6 +231,22 @@ impl OutboxRelay {
         match failure {
             Some(e) => Err(e),
             None => Ok(forwarded.len()),
+        }
+    }
+
+    fn lock_mark(&self) -> std::sync::MutexGuard<'_, Option<Mark<i64>>> {
+        // The mark is replaced whole, never left half-written.
+        self.mark.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The mark after a read that started as `start` and found `first` as its lowest id:
+    /// every committed row at or above the old mark and below `first` was read, or there was
+    /// none; a read that found nothing keeps the mark where it was.
+    fn learn(&self, start: Start<i64>, first: Option<i64>) {
+        let mut mark = self.lock_mark();
+        let low = first.or_else(|| mark.map(|mark| mark.low()));
+        if let Some(low) = low {
+            *mark = Some(Mark::moved(mark.as_ref(), start, low));
         }
     }
 

@@ -213,3 +213,133 @@ async fn two_relays_at_once_forward_each_job_once_in_order() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_row_committed_below_the_relays_mark_is_forwarded_by_the_next_sweep() {
+    with_databases(|dbs| async move {
+        let pool = dbs.store().await.pool().clone();
+        let outbox = Outbox::new();
+        let downstream = Arc::new(Downstream::default());
+        let relay = OutboxRelay::new(pool.clone(), downstream.clone());
+        // A transaction takes its row's id, then commits after a relay has read past it.
+        let slow = fixtures::envelope(1, 1);
+        let mut open = pool.begin().await.expect("begin");
+        outbox
+            .publish_in(&mut open, &queue(), &slow, PublishOptions::default())
+            .await
+            .expect("the slow row");
+        let fast = fixtures::envelope(1, 2);
+        let mut tx = pool.begin().await.expect("begin");
+        outbox
+            .publish_in(&mut tx, &queue(), &fast, PublishOptions::default())
+            .await
+            .expect("the fast row");
+        tx.commit().await.expect("commit");
+        let swept_at = std::time::Instant::now();
+        assert_eq!(relay.relay_once(10).await.expect("relay"), 1);
+        open.commit().await.expect("the slow row commits");
+
+        let next = relay.relay_once(10).await.expect("relay");
+        if next == 0 {
+            assert_eq!(
+                outbox_rows(&pool).await,
+                1,
+                "the slow row waits below the mark"
+            );
+            tokio::time::sleep(Duration::from_millis(1_200)).await;
+            assert_eq!(
+                relay.relay_once(10).await.expect("relay"),
+                1,
+                "the sweep finds it"
+            );
+        } else {
+            // Only a sweep reads below the mark: this machine took more than a second.
+            assert!(swept_at.elapsed() >= Duration::from_secs(1));
+        }
+        assert_eq!(downstream.accepted(), vec![fast.job_id, slow.job_id]);
+        assert_eq!(outbox_rows(&pool).await, 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn under_a_held_snapshot_the_relay_reads_from_its_mark() {
+    const ROWS: u64 = 2_000;
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        // One connection: the relay's reads and the reads of their statistics share a backend.
+        let options = store.pool().connect_options().as_ref().clone();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .expect("a pool of one");
+        let outbox = Outbox::new();
+        let mut tx = pool.begin().await.expect("begin");
+        for n in 0..ROWS {
+            let job = fixtures::envelope(1, n);
+            outbox
+                .publish_in(&mut tx, &queue(), &job, PublishOptions::default())
+                .await
+                .expect("publish");
+        }
+        tx.commit().await.expect("commit");
+        let mut report = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
+            .await
+            .expect("the report's connection");
+        for statement in [
+            "begin isolation level repeatable read",
+            "select count(*) from core.outbox",
+        ] {
+            sqlx::query(statement)
+                .execute(&mut report)
+                .await
+                .expect("the report reads");
+        }
+        let relay = OutboxRelay::new(pool.clone(), Arc::new(Downstream::default()));
+        let mut forwarded = 0;
+        while forwarded < ROWS - 10 {
+            forwarded += relay
+                .relay_once(100.min((ROWS - 10 - forwarded) as usize))
+                .await
+                .expect("relay") as u64;
+        }
+        let entries = |pool: PgPool| async move {
+            sqlx::query("select pg_stat_force_next_flush()")
+                .execute(&pool)
+                .await
+                .expect("flush the statistics");
+            sqlx::query_scalar::<_, i64>(
+                "select pg_stat_get_tuples_returned('core.outbox_pkey'::regclass)",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("read the statistics")
+        };
+        // Two reads in a row: at most one of them can be a sweep.
+        let mut reads = vec![];
+        for _ in 0..2 {
+            let before = entries(pool.clone()).await;
+            assert_eq!(relay.relay_once(1).await.expect("relay"), 1);
+            reads.push(entries(pool.clone()).await - before);
+        }
+        assert!(
+            reads.iter().min().is_some_and(|least| *least < 200),
+            "a read from the mark does not walk the {forwarded} rows forwarded: {reads:?}"
+        );
+        // A read from the outbox's start, as a relay without a mark makes it, walks them.
+        let before = entries(pool.clone()).await;
+        let ids: Vec<i64> = sqlx::query_scalar("select id from core.outbox order by id limit 1")
+            .fetch_all(&pool)
+            .await
+            .expect("read from the start");
+        assert_eq!(ids.len(), 1);
+        let walked = entries(pool.clone()).await - before;
+        assert!(walked >= forwarded as i64, "from the start: {walked}");
+        sqlx::query("rollback")
+            .execute(&mut report)
+            .await
+            .expect("the report ends");
+    })
+    .await;
+}
