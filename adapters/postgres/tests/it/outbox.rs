@@ -95,6 +95,20 @@ async fn commit_jobs(pool: &PgPool, n: u64) -> Vec<Envelope> {
     jobs
 }
 
+/// Relays batches of `batch` until one forwards nothing, and returns how many rows left the
+/// outbox; a relay that never says it is done fails the test instead of holding it.
+async fn relay_all(relay: &OutboxRelay, batch: usize) -> usize {
+    let mut moved = 0;
+    for _ in 0..1_000 {
+        let n = relay.relay_once(batch).await.expect("relay");
+        if n == 0 {
+            return moved;
+        }
+        moved += n;
+    }
+    panic!("the relay still forwards after 1,000 batches ({moved} rows)");
+}
+
 async fn orders_table(pool: &PgPool) {
     sqlx::query("create table orders (job_id uuid primary key)")
         .execute(pool)
@@ -167,15 +181,7 @@ async fn a_relay_killed_mid_batch_and_restarted_delivers_each_job_once() {
 
         *downstream.seen_lock(&downstream.hang_after) = None;
         let restarted = OutboxRelay::new(pool.clone(), downstream.clone());
-        let mut moved = 0;
-        loop {
-            let n = restarted.relay_once(6).await.expect("relay");
-            if n == 0 {
-                break;
-            }
-            moved += n;
-        }
-        assert_eq!(moved, 20);
+        assert_eq!(relay_all(&restarted, 6).await, 20);
         let sent: Vec<JobId> = jobs.iter().map(|e| e.job_id).collect();
         assert_eq!(
             downstream.accepted(),
@@ -197,7 +203,7 @@ async fn two_relays_at_once_forward_each_job_once_in_order() {
         let relays: Vec<_> = (0..2)
             .map(|_| {
                 let relay = OutboxRelay::new(pool.clone(), downstream.clone());
-                tokio::spawn(async move { while relay.relay_once(5).await.expect("relay") > 0 {} })
+                tokio::spawn(async move { relay_all(&relay, 5).await })
             })
             .collect();
         for relay in relays {
@@ -298,12 +304,20 @@ async fn under_a_held_snapshot_the_relay_reads_from_its_mark() {
         }
         let relay = OutboxRelay::new(pool.clone(), Arc::new(Downstream::default()));
         let mut forwarded = 0;
-        while forwarded < ROWS - 10 {
+        for _ in 0..ROWS {
+            if forwarded >= ROWS - 10 {
+                break;
+            }
             forwarded += relay
                 .relay_once(100.min((ROWS - 10 - forwarded) as usize))
                 .await
                 .expect("relay") as u64;
         }
+        assert_eq!(
+            forwarded,
+            ROWS - 10,
+            "the relay forwards what it is asked to"
+        );
         let entries = |pool: PgPool| async move {
             sqlx::query("select pg_stat_force_next_flush()")
                 .execute(&pool)
