@@ -167,7 +167,12 @@ async fn a_relay_killed_mid_batch_and_restarted_delivers_each_job_once() {
             let relay = relay.clone();
             async move { relay.relay_once(50).await }
         });
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !downstream.hanging.load(Ordering::SeqCst) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the relay never reached its seventh forward"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         doomed.abort();
