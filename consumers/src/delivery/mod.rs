@@ -21,7 +21,7 @@ mod transport;
 mod triage;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -92,6 +92,10 @@ pub(crate) struct Context<S: WorkStore> {
     pub(crate) shutting_down: tokio::sync::watch::Sender<bool>,
     /// Store failures in a row, for the wait of a give-back.
     store_failures: AtomicU32,
+    /// The loop stopped: a group starts no more jobs and gives back those it has not started.
+    stopping: AtomicBool,
+    /// Jobs groups gave back unstarted since the loop stopped.
+    stopped_back: AtomicUsize,
     /// The parent of its jobs' spans ([`Context::job_span`]), made at the first job.
     span: OnceLock<tracing::Span>,
 }
@@ -132,6 +136,8 @@ impl<S: WorkStore> Context<S> {
             alerts: parts.alerts,
             shutting_down: tokio::sync::watch::Sender::new(false),
             store_failures: AtomicU32::new(0),
+            stopping: AtomicBool::new(false),
+            stopped_back: AtomicUsize::new(0),
             span: OnceLock::new(),
         }
     }
@@ -156,6 +162,35 @@ impl<S: WorkStore> Context<S> {
     /// A work transaction committed: the store is back, so the next failure waits the least.
     pub(crate) fn store_works(&self) {
         self.store_failures.store(0, Ordering::Relaxed);
+    }
+
+    /// A run begins: no shutdown under way.
+    pub(crate) fn begin_run(&self) {
+        self.shutting_down.send_replace(false);
+        self.stopping.store(false, Ordering::Relaxed);
+        self.stopped_back.store(0, Ordering::Relaxed);
+    }
+
+    /// The loop stopped fetching: from now on a group starts no more jobs, and gives back the
+    /// ones it has not started (their attempts unspent), so that a stop holds only the jobs
+    /// whose handlers are running.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the loop stopped ([`Context::stop`]).
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` jobs a group gave back unstarted at a stop, for [`Context::stopped_back`].
+    pub(crate) fn count_stopped_back(&self, n: usize) {
+        self.stopped_back.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The jobs groups gave back unstarted since the loop stopped.
+    pub(crate) fn stopped_back(&self) -> usize {
+        self.stopped_back.load(Ordering::Relaxed)
     }
 
     /// The span of one delivery's processing, made once with every field: the envelope's as

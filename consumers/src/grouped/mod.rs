@@ -182,7 +182,7 @@ where
                 most = 1;
                 continue;
             }
-            let size = self.sizing.next();
+            let size = self.sizing.next_in_loop();
             if fetching.is_none() && waiting.is_none() && suspect.is_none() && buffer.len() < size {
                 let room = (permits.available_permits() + FETCH_AHEAD)
                     .saturating_mul(size)
@@ -224,7 +224,7 @@ where
                 _ = beat.tick() => {}
                 permit = permits.clone().acquire_owned(), if !buffer.is_empty() => {
                     let Ok(permit) = permit else { break };
-                    let group = next_group(&mut buffer, self.sizing.next());
+                    let group = next_group(&mut buffer, self.sizing.next_in_loop());
                     let (ctx, grouped) = (ctx.clone(), self.clone());
                     in_flight.spawn(async move {
                         grouped.groups.run(&ctx, &grouped.sizing, group).await;
@@ -233,6 +233,8 @@ where
                 }
             }
         }
+        // Groups under way start no more jobs: they give back the ones they hold unstarted.
+        ctx.stop();
         // What a fetch under way leases is given back with the rest; a fetch that does not
         // answer within the grace is left (its leases expire).
         let grace = limits.shutdown_grace;
@@ -249,9 +251,10 @@ where
                 tracing::warn!(queue = %ctx.queue, "could not give back every fetched job within the grace");
             }
         }
+        let drained = drain(ctx, in_flight).await;
         Drained {
-            given_back,
-            ..drain(ctx, in_flight).await
+            given_back: given_back + ctx.stopped_back(),
+            ..drained
         }
     }
 

@@ -70,6 +70,8 @@ struct Member<Tx: Send> {
     recorded: Option<Recorded>,
     /// Its lease was lost before the group held it.
     lost: bool,
+    /// Given back unstarted because the worker stopped.
+    stopped: bool,
 }
 
 /// Why a pass of a group did not reach its commit.
@@ -145,6 +147,7 @@ where
                     wrote: false,
                     recorded: None,
                     lost: false,
+                    stopped: false,
                 }),
                 Err(reject) => {
                     let tried = Tried::Rejected {
@@ -340,6 +343,8 @@ where
         let (mut since, mut wrote_since) = (Vec::new(), 0usize);
         // The jobs that would have needed a checkpoint past the budget: given back, unrun.
         let mut given_back = Vec::new();
+        // The jobs not started when the worker stopped: given back, unrun.
+        let mut stopped_back = Vec::new();
         while let Some(i) = queued.pop_front() {
             let member = &mut members[i];
             if member.verdict.is_some() {
@@ -347,6 +352,14 @@ where
                 // handler not.
                 redo(ctx, tx, member).await?;
                 since.push(i);
+                continue;
+            }
+            if ctx.stopping() {
+                // The worker stopped: another takes it at once, its attempt unspent, and the
+                // group commits what it did without waiting for more handlers.
+                member.verdict = Some(Verdict::DeferUntil(ctx.clock.now()));
+                member.stopped = true;
+                stopped_back.push(member.job_id);
                 continue;
             }
             if dirty && (careful || every.is_some_and(|every| wrote_since >= every)) {
@@ -434,10 +447,12 @@ where
             redo(ctx, tx, &mut members[i]).await?;
             since.push(i);
         }
+        let ran_out = !given_back.is_empty();
+        given_back.extend_from_slice(&stopped_back);
         if !given_back.is_empty() {
             tx.unclaim_all(&given_back, &ctx.consumer).await?;
         }
-        if let Some(size) = self.sizing.fit(checkpoints, budget, !given_back.is_empty()) {
+        if let Some(size) = self.sizing.fit(checkpoints, budget, ran_out) {
             tracing::debug!(queue = %ctx.queue, size, "a group ran out of checkpoints; the next groups are smaller");
         }
         let settlements: Vec<(&Delivery, Settlement)> = (live.iter())
@@ -471,6 +486,7 @@ where
         let ctx = self.ctx;
         let mut outcomes = Vec::with_capacity(members.len());
         let mut tally = Tally::default();
+        ctx.count_stopped_back(members.iter().filter(|m| m.stopped).count());
         for member in members {
             let kind = &member.kind;
             let outcome = match (member.verdict, member.recorded) {

@@ -58,6 +58,16 @@ impl Sizing {
         }
     }
 
+    /// The most jobs the loop's next group carries: [`Sizing::next`] once a handler's time is
+    /// known, one before, so that a fresh worker's first groups (fetched a group or two ahead
+    /// of each other, before any of them ends) do not hold many slow jobs.
+    pub(crate) fn next_in_loop(&self) -> usize {
+        match self.handler_ns.load(Relaxed) {
+            0 => 1,
+            _ => self.next(),
+        }
+    }
+
     /// The most a group ever holds.
     pub(crate) fn most(&self) -> usize {
         self.size
@@ -172,6 +182,17 @@ mod tests {
         sizing.fit(usize::MAX, usize::MAX, false);
         assert_eq!(sizing.next(), 8);
         assert_eq!(sizing.most(), 8);
+    }
+
+    #[test]
+    fn the_loops_first_groups_hold_one_job_until_a_handlers_time_is_known() {
+        let sizing = Sizing::new(48, 100 * MS, false);
+        assert_eq!(sizing.next_in_loop(), 1);
+        assert_eq!(sizing.next(), 48, "what one fetch run at once is cut into");
+        sizing.timed(MS);
+        assert_eq!(sizing.next_in_loop(), 48);
+        sizing.timed(2_000 * MS);
+        assert_eq!(sizing.next_in_loop(), 1, "a slow handler runs alone");
     }
 
     #[test]

@@ -158,7 +158,7 @@ where
             tracing::error!(queue = %self.ctx.queue, "{NOTHING_TO_PULL}");
             return Drained::default();
         };
-        self.ctx.shutting_down.send_replace(false);
+        self.ctx.begin_run();
         match &self.mode {
             Mode::PerJob => each::run(&self.ctx, pull, &self.heartbeat, shutdown).await,
             Mode::Grouped(grouped) => {

@@ -11,6 +11,7 @@ mod pg;
 mod postgres;
 mod process;
 mod sqlite;
+mod stop;
 mod temp;
 mod vercel;
 mod worker_process;

@@ -54,6 +54,7 @@ macro_rules! grouped_cases {
             a_linger_never_delays_an_empty_fetch_or_a_full_group,
             a_busy_grouped_worker_leases_no_more_while_a_group_waits,
             a_stop_gives_back_fetched_jobs_with_their_attempt_unspent,
+            a_stop_ends_a_running_group_after_its_current_job,
             a_job_whose_lease_expired_runs_alone_with_nothing_else_leased,
             the_grouped_loop_drains_a_backlog_once_and_wakes_for_new_jobs
         );

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use jobs_consumers::{Drained, Handler, Job, JobError, Worker};
-use jobs_core::{QueueDepth, QueueName, WorkStore};
+use jobs_core::{ConsumerName, Envelope, QueueDepth, QueueName, WorkStore};
 use serde::Deserialize;
 
 use super::{Fixture, GroupedBackend, GroupedQueue, GroupedStore, KIND, eventually, lock};
@@ -91,7 +91,6 @@ where
     Q: GroupedQueue<S>,
 {
     let f = Fixture::new(b);
-    f.publish(&f.envelope(0, "ok")).await;
     let worker = Arc::new(
         (f.worker(4))
             .group_linger(Duration::from_secs(1))
@@ -100,17 +99,25 @@ where
             .expect("a grouped worker"),
     );
     let running = Running::start(&worker);
-    eventually("job 0 leased, its group lingering", || async {
+    // A fresh worker's first group holds one job: its handler's time sizes the next ones.
+    f.publish(&f.envelope(0, "ok")).await;
+    eventually("job 0 ran", || async { !f.effects().await.is_empty() }).await;
+    f.publish(&f.envelope(1, "ok")).await;
+    eventually("job 1 leased, its group lingering", || async {
         f.depth().await.in_flight == 1
     })
     .await;
-    f.publish_all(1..3, "ok").await;
-    eventually("the three jobs ran", || async {
-        f.effects().await.len() >= 3
+    f.publish_all(2..4, "ok").await;
+    eventually("the four jobs ran", || async {
+        f.effects().await.len() >= 4
     })
     .await;
     running.stop().await;
-    assert_eq!(f.handler.groups(), [[0, 1, 2]], "one group");
+    assert_eq!(
+        f.handler.groups(),
+        [vec![0], vec![1, 2, 3]],
+        "one group lingered for more"
+    );
 }
 
 /// A linger waits only to fill a group that a fetch started: a fetch that found nothing, or
@@ -212,22 +219,22 @@ pub async fn a_stop_gives_back_fetched_jobs_with_their_attempt_unspent<S, Q>(
         f.publish_with(&f.envelope(n, "ok"), soon).await;
     }
     f.b.clock.advance(Duration::from_secs(1));
-    // The loop starts slow (fetches of 1, 2, 4, 8) and keeps fetching while the group runs,
-    // until a group waits in the buffer, each fetch asking for up to two groups ahead: the
-    // held job and fourteen more are leased, and no more than that however long the group
-    // takes.
+    // Until a handler's time is known a group holds one job, and the loop fetches while the
+    // group runs until a group waits in the buffer, each fetch asking for up to two groups
+    // ahead: the held job and two more are leased, and no more than that however long the
+    // held job takes.
     let leased = || async { f.depth().await.in_flight };
-    eventually("fifteen jobs leased", || async { leased().await >= 15 }).await;
+    eventually("three jobs leased", || async { leased().await >= 3 }).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         leased().await,
-        15,
-        "the running group and what two groups ahead leave room for"
+        3,
+        "the running group and what two groups of one ahead leave room for"
     );
     let drained = running.stop().await;
     assert_eq!(
         (drained.given_back, drained.abandoned, drained.finished),
-        (14, 1, 0),
+        (2, 1, 0),
         "what the worker says it left: {drained:?}"
     );
     let depth = f.depth().await;
@@ -281,6 +288,78 @@ impl<Tx: Send + 'static> Handler<Tx> for Watched<Tx> {
         (self.write)(tx, n.to_string())
             .await
             .map_err(JobError::retry)
+    }
+}
+
+/// A stop ends a group under way after the job it is running: the group commits what it
+/// did, and gives back the jobs it had not started at once, with their attempts unspent and
+/// their claims released, so that only a job whose handler is still running keeps a lease.
+pub async fn a_stop_ends_a_running_group_after_its_current_job<S, Q>(b: GroupedBackend<S, Q>)
+where
+    S: GroupedStore,
+    Q: GroupedQueue<S>,
+{
+    let f = Fixture::new(b);
+    let worker = Arc::new(
+        (f.worker(10))
+            .concurrency(1)
+            .group_linger(Duration::from_millis(200))
+            .shutdown_grace(Duration::from_secs(10))
+            .build()
+            .expect("a grouped worker"),
+    );
+    let running = Running::start(&worker);
+    // A first job tells the worker how long its handlers take; then one group of five, the
+    // first of which holds until the test opens the gate.
+    f.publish(&f.envelope(0, "ok")).await;
+    eventually("job 0 ran", || async { !f.effects().await.is_empty() }).await;
+    f.publish(&f.envelope(1, "hold")).await;
+    f.publish_all(2..6, "ok").await;
+    eventually("job 1's handler starts", || async {
+        f.handler.started().contains(&1)
+    })
+    .await;
+    assert_eq!(
+        f.handler.groups().last(),
+        Some(&vec![1]),
+        "the running group has started job 1 only"
+    );
+    let stopped = tokio::spawn(running.stop());
+    // The stop waits for the running handler, which ends within the grace.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    f.handler.gate.add_permits(1);
+    let drained = stopped.await.expect("the worker stops");
+    assert_eq!(
+        (drained.given_back, drained.abandoned, drained.finished),
+        (4, 0, 1),
+        "the group's four unstarted jobs given back: {drained:?}"
+    );
+    assert_eq!(
+        f.effects().await,
+        vec![0, 1],
+        "the group committed its running job"
+    );
+    let depth = f.depth().await;
+    assert_eq!(
+        (depth.ready, depth.in_flight),
+        (4, 0),
+        "given back, ready at once: {depth:?}"
+    );
+    let back =
+        (f.b.queue
+            .receive(&f.name, 10, Duration::from_secs(30))
+            .await)
+            .expect("receive");
+    assert_eq!(back.len(), 4);
+    assert!(back.iter().all(|d| d.attempt == 1), "attempts unspent");
+    let consumer = ConsumerName::try_from("test.grouped").expect("a valid consumer");
+    for delivery in &back {
+        let job = Envelope::decode(&delivery.payload).expect("a job").job_id;
+        let claimed = f.b.backend.store.is_processed(job, &consumer).await;
+        assert!(
+            !claimed.expect("asked"),
+            "a given-back job's claim is released"
+        );
     }
 }
 
