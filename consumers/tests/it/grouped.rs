@@ -225,6 +225,31 @@ async fn a_worker_running_a_suspect_job_alone_is_not_reported_stuck() {
     running.await.expect("stops");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_grouped_worker_stopped_and_run_again_runs_jobs_again() {
+    // A stop leaves the worker stopping (its groups give back what they have not started);
+    // the next run must begin afresh, or it would give back every job it fetched.
+    let (queue, store, clock) = fresh();
+    let worker = Arc::new(grouped(queue.clone(), &store, clock));
+    for round in 0..2 {
+        publish(&queue, KIND, round).await;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(worker.clone().run(async {
+            let _ = stopped.await;
+        }));
+        effects(&store, usize::try_from(round + 1).expect("small")).await;
+        stop.send(()).expect("running");
+        running.await.expect("stops");
+    }
+    let mut done = store.effects();
+    done.sort();
+    assert_eq!(
+        done,
+        ["0", "1"],
+        "the second run ran the job published for it"
+    );
+}
+
 #[test]
 fn a_panic_in_a_grouped_task_while_a_suspect_waits_is_logged_and_counted() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
