@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use thiserror::Error;
 
-use crate::envelope::Envelope;
+use crate::envelope::{DecodeLimits, Envelope};
 use crate::error::ErrorClass;
 use crate::id::{JobId, TenantId};
 use crate::name::{ConsumerName, QueueName};
@@ -667,9 +667,52 @@ pub enum QueueError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// The envelope is longer than the limit the consumers decode with
+    /// ([`DecodeLimits`](crate::DecodeLimits)): publishing it would only make a dead letter, so
+    /// nothing is written.
+    #[error("`{queue}` refused an envelope of {size} bytes: the limit is {limit} bytes")]
+    TooLarge {
+        /// The queue the envelope was for.
+        queue: QueueName,
+        /// The encoded envelope's length in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The envelope could not be encoded (a typed `data` that serde refuses).
     #[error("encoding the envelope failed: {0}")]
     Encode(#[from] serde_json::Error),
+}
+
+/// The publish side of the envelope limit, beside the error it raises.
+impl DecodeLimits {
+    /// Checks an encoded envelope of `size` bytes bound for `queue` against the limit: the
+    /// check every adapter makes at publish, so that nothing the consumers would refuse is
+    /// written.
+    pub fn admit(&self, queue: &QueueName, size: usize) -> Result<(), QueueError> {
+        if size > self.max_envelope_bytes() {
+            return Err(QueueError::TooLarge {
+                queue: queue.clone(),
+                size,
+                limit: self.max_envelope_bytes(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Envelope {
+    /// The wire form for a publish to `queue`, refused with [`QueueError::TooLarge`] when it is
+    /// longer than `limits` allow: one limit from publish to lease.
+    pub fn encode_for(
+        &self,
+        queue: &QueueName,
+        limits: &DecodeLimits,
+    ) -> Result<Vec<u8>, QueueError> {
+        let bytes = self.to_json_bytes()?;
+        limits.admit(queue, bytes.len())?;
+        Ok(bytes)
+    }
 }
 
 impl QueueError {
@@ -679,9 +722,10 @@ impl QueueError {
             QueueError::RateLimited { .. } | QueueError::Unavailable { .. } => {
                 ErrorClass::Retryable
             }
-            QueueError::LeaseLost { .. } | QueueError::Rejected { .. } | QueueError::Encode(_) => {
-                ErrorClass::Permanent
-            }
+            QueueError::LeaseLost { .. }
+            | QueueError::Rejected { .. }
+            | QueueError::TooLarge { .. }
+            | QueueError::Encode(_) => ErrorClass::Permanent,
         }
     }
 }

@@ -488,3 +488,36 @@ proptest! {
         prop_assert_eq!(s.parse::<jobs_core::Kind>().is_ok(), expected, "{:?}", s);
     }
 }
+
+#[test]
+fn a_publish_is_held_to_the_limit_a_consumer_decodes_with() {
+    let queue: jobs_core::QueueName = "billing".parse().expect("a valid name");
+    let envelope = decode(&serde_json::to_vec(&valid()).expect("a Value serialises"))
+        .expect("the valid envelope decodes");
+    let size = envelope.to_json_bytes().expect("it encodes").len();
+
+    let at_the_limit = DecodeLimits::default().max_bytes(size);
+    let bytes = envelope
+        .encode_for(&queue, &at_the_limit)
+        .expect("an envelope exactly at the limit is published");
+    assert_eq!(
+        Envelope::decode_with(&bytes, &at_the_limit).expect("and decodes"),
+        envelope
+    );
+
+    let under = DecodeLimits::default().max_bytes(size - 1);
+    match envelope.encode_for(&queue, &under) {
+        Err(jobs_core::QueueError::TooLarge {
+            queue: named,
+            size: said,
+            limit,
+        }) => {
+            assert_eq!((named, said, limit), (queue.clone(), size, size - 1));
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    let error = envelope.encode_for(&queue, &under).expect_err("refused");
+    assert_eq!(error.class(), jobs_core::ErrorClass::Permanent);
+    assert!(error.to_string().contains(&size.to_string()), "{error}");
+    assert_eq!(under.max_envelope_bytes(), size - 1);
+}

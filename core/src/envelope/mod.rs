@@ -220,6 +220,11 @@ impl DecodeLimits {
         self.max_bytes = max_bytes;
         self
     }
+
+    /// The longest envelope, in bytes, these limits accept.
+    pub fn max_envelope_bytes(&self) -> usize {
+        self.max_bytes
+    }
 }
 
 impl Default for DecodeLimits {
