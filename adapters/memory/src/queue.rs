@@ -7,9 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_core::{
-    Clock, Delivery, Depth, Envelope, Lease, MAX_WAIT, PublishOptions, PullPort, QueueDepth,
-    QueueError, QueueName, QueuePort, Receipt, SettlePort, SystemClock, TenantFairness, TenantId,
-    TenantWeights, later,
+    Clock, DecodeLimits, Delivery, Depth, Envelope, Lease, MAX_WAIT, PublishOptions, PullPort,
+    QueueDepth, QueueError, QueueName, QueuePort, Receipt, SettlePort, SystemClock, TenantFairness,
+    TenantId, TenantWeights, later,
 };
 use tokio::sync::Notify;
 
@@ -47,6 +47,7 @@ pub struct MemoryQueue {
     state: Arc<Mutex<State>>,
     clock: Arc<dyn Clock>,
     dedup_window: Duration,
+    limits: DecodeLimits,
 }
 
 impl Default for MemoryQueue {
@@ -63,7 +64,15 @@ impl MemoryQueue {
             state: Arc::default(),
             clock,
             dedup_window: DEFAULT_DEDUP_WINDOW,
+            limits: DecodeLimits::default(),
         }
+    }
+
+    /// Refuses at publish, with [`QueueError::TooLarge`], envelopes longer than `limits` allow:
+    /// give it the limits the consumers decode with (the default matches theirs).
+    pub fn with_envelope_limits(mut self, limits: DecodeLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Remembers deduplication keys for `window` after their first publish.
@@ -73,6 +82,7 @@ impl MemoryQueue {
     }
 
     /// Queues raw bytes, valid envelope or not: how tests and demos inject poison messages.
+    /// The envelope limit does not apply, so an oversized message can be injected too.
     ///
     /// Deduplicated only when `opts` carries a key, since there is no job id to fall back on.
     pub fn publish_bytes(
@@ -508,7 +518,7 @@ impl QueuePort for MemoryQueue {
         envelope: &Envelope,
         opts: PublishOptions,
     ) -> Result<Receipt, QueueError> {
-        let payload = envelope.to_json_bytes()?;
+        let payload = envelope.encode_for(queue, &self.limits)?;
         let now = self.clock.now();
         let visible_at = opts.visible_at(queue, now)?;
         let key = opts.dedup_key_for(envelope).into_owned();

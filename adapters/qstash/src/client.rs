@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use jobs_core::{
-    Depth, Envelope, PublishOptions, QueueDepth, QueueError, QueueName, QueuePort, Receipt,
-    TenantId,
+    DecodeLimits, Depth, Envelope, PublishOptions, QueueDepth, QueueError, QueueName, QueuePort,
+    Receipt, TenantId,
 };
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode};
@@ -33,6 +33,7 @@ pub struct QStashQueue {
     http: reqwest::Client,
     config: Arc<QStashConfig>,
     auth: HeaderValue,
+    limits: DecodeLimits,
 }
 
 impl fmt::Debug for QStashQueue {
@@ -153,7 +154,15 @@ impl QStashQueue {
             http,
             config: Arc::new(config),
             auth,
+            limits: DecodeLimits::default(),
         })
+    }
+
+    /// Refuses at publish, with [`QueueError::TooLarge`] and nothing sent, envelopes longer
+    /// than `limits` allow: the limits the consumers decode with (the default matches theirs).
+    pub fn with_envelope_limits(mut self, limits: DecodeLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The configuration.
@@ -308,11 +317,10 @@ impl QStashQueue {
                 .into_iter()
                 .map(|(n, v)| (n.to_owned(), Value::String(v)))
                 .collect();
-            let body = String::from_utf8(item.envelope.to_json_bytes()?).map_err(|_| {
-                QueueError::Rejected {
-                    queue: item.queue.clone(),
-                    reason: "the envelope is not UTF-8".into(),
-                }
+            let bytes = item.envelope.encode_for(&item.queue, &self.limits)?;
+            let body = String::from_utf8(bytes).map_err(|_| QueueError::Rejected {
+                queue: item.queue.clone(),
+                reason: "the envelope is not UTF-8".into(),
             })?;
             let mut entry = json!({
                 "destination": &destination.url,
@@ -569,7 +577,7 @@ impl QueuePort for QStashQueue {
         envelope: &Envelope,
         opts: PublishOptions,
     ) -> Result<Receipt, QueueError> {
-        let body = envelope.to_json_bytes()?;
+        let body = envelope.encode_for(queue, &self.limits)?;
         let key = opts.dedup_key_for(envelope);
         let when = When::of(queue, &opts)?;
         let receipt = self

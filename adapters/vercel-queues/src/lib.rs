@@ -49,8 +49,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_core::{
-    Clock, Delivery, Envelope, JobId, Lease, PublishOptions, PullPort, QueueError, QueueName,
-    QueuePort, Receipt, SettlePort, SystemClock,
+    Clock, DecodeLimits, Delivery, Envelope, JobId, Lease, PublishOptions, PullPort, QueueError,
+    QueueName, QueuePort, Receipt, SettlePort, SystemClock,
 };
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName};
 use reqwest::{Method, StatusCode};
@@ -83,6 +83,7 @@ pub struct VercelQueues {
     http: Arc<Http>,
     clock: Arc<dyn Clock>,
     in_flight: Arc<Mutex<HashMap<String, InFlight>>>,
+    limits: DecodeLimits,
 }
 
 /// What a requeue needs of a delivery this adapter handed out.
@@ -118,7 +119,15 @@ impl VercelQueues {
             http: Arc::new(Http::new(config, clock.clone())?),
             clock,
             in_flight: Arc::default(),
+            limits: DecodeLimits::default(),
         })
+    }
+
+    /// Refuses at publish, with [`QueueError::TooLarge`] and nothing sent, envelopes longer
+    /// than `limits` allow: the limits the consumers decode with (the default matches theirs).
+    pub fn with_envelope_limits(mut self, limits: DecodeLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The configuration in use.
@@ -263,7 +272,7 @@ impl VercelQueues {
         envelope: &Envelope,
         opts: &PublishOptions,
     ) -> Result<Message, QueueError> {
-        let body = envelope.to_json_bytes()?;
+        let body = envelope.encode_for(queue, &self.limits)?;
         let key = opts.dedup_key_for(envelope).into_owned();
         Message::new(
             self.config(),

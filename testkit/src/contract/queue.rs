@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    ConsumerPort, Delivery, Depth, Envelope, JobId, PublishOptions, QueueDepth, QueueError,
-    QueueName, QueuePort, TenantFairness,
+    ConsumerPort, DEFAULT_MAX_ENVELOPE_BYTES, Delivery, Depth, Envelope, JobId, PublishOptions,
+    QueueDepth, QueueError, QueueName, QueuePort, TenantFairness,
 };
 
 use crate::TimeTravel;
@@ -123,6 +123,7 @@ where
     extend_keeps_the_message_leased(make().await).await;
     deduplicates_by_key(make().await, dedup).await;
     respects_max_and_queue_boundaries(make().await).await;
+    refuses_an_envelope_over_the_limit(make().await).await;
     if depth_by_state {
         reports_depth(make().await).await;
     } else {
@@ -133,7 +134,7 @@ where
 /// The queues the checks use, under `contract.`.
 const QUEUES: &[&str] = &[
     "deliver", "delay", "schedule", "expiry", "ack", "retry", "defer", "extend", "dedup",
-    "bounds.a", "bounds.b", "depth",
+    "bounds.a", "bounds.b", "depth", "limit",
 ];
 
 /// [`run`] with every queue of the contract fetched as `fairness` says
@@ -242,6 +243,44 @@ pub async fn delivers_every_message_once_until_acked(t: QueueUnderTest) {
     assert!(
         drain(&t, &q).await.is_empty(),
         "{check}: an acked message came back"
+    );
+}
+
+/// An envelope over the default limit ([`DEFAULT_MAX_ENVELOPE_BYTES`], the one the consumers
+/// decode with) is refused at publish with [`QueueError::TooLarge`] naming the queue, the
+/// size and the limit, and nothing is queued; an envelope under it, published after, is.
+pub async fn refuses_an_envelope_over_the_limit(t: QueueUnderTest) {
+    let check = "refuses_an_envelope_over_the_limit";
+    let q = queue("limit");
+    let big = fixtures::envelope_with(
+        1,
+        "test.job",
+        serde_json::json!({ "blob": "x".repeat(5 << 20) }),
+    );
+    let size = big.to_json_bytes().expect("it encodes").len();
+    match t
+        .publisher
+        .publish(&q, &big, PublishOptions::default())
+        .await
+    {
+        Err(QueueError::TooLarge {
+            queue,
+            size: said,
+            limit,
+        }) => assert_eq!(
+            (queue, said, limit),
+            (q.clone(), size, DEFAULT_MAX_ENVELOPE_BYTES),
+            "{check}: the error names the queue, the size and the limit"
+        ),
+        other => panic!("{check}: expected TooLarge, got {other:?}"),
+    }
+    let small = fixtures::envelope(1, 1);
+    publish(&t, &q, &small, PublishOptions::default()).await;
+    let got = drain(&t, &q).await;
+    assert_eq!(
+        got.iter().map(job_id).collect::<Vec<_>>(),
+        vec![small.job_id],
+        "{check}: only the envelope under the limit was queued"
     );
 }
 
