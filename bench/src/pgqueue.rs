@@ -597,8 +597,8 @@ async fn raw_drain(
     let lease = LEASE_STATEMENT
         .replace("core.jobs", "raw_jobs")
         .replace(
-            "as was_visible_at)",
-            "as was_visible_at, j.dedup_key::uuid as job_id)",
+            "as oversized)",
+            "as oversized, j.dedup_key::uuid as job_id)",
         )
         .replace(
             " from leased",
@@ -629,6 +629,7 @@ async fn raw_drain(
                     .bind(now + Duration::from_secs(60))
                     .bind(i64::try_from(batch)?)
                     .bind(mark)
+                    .bind(i32::try_from(jobs_core::DEFAULT_MAX_ENVELOPE_BYTES)?)
                     .fetch_one(&mut *conn)
                     .await?;
                 let first: Option<sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>> =

@@ -23,7 +23,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
-use jobs_core::{Clock, Delivery, QueueError, QueueName, TenantFairness, TenantId};
+use jobs_core::{Clock, QueueError, QueueName, TenantFairness, TenantId};
 use sqlx::PgPool;
 use sqlx::postgres::PgRow;
 use sqlx::types::Uuid;
@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use crate::convert::from_timestamp;
 use crate::mark::{Mark, Start};
-use crate::rows::{deliveries, queue_error, timestamp};
+use crate::rows::{Batch, Fetched, deliveries, queue_error, timestamp};
 
 /// How long a queue not asked to be fair trusts its last reading of `core.fair_queues`.
 pub(crate) const RECHECK: Duration = Duration::from_secs(5);
@@ -237,9 +237,13 @@ impl Lanes {
         clock: &dyn Clock,
         queue: &QueueName,
         list: Option<TenantFairness>,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<Delivery>, QueueError> {
+        batch: Batch,
+    ) -> Result<Fetched, QueueError> {
+        let Batch {
+            max,
+            lease,
+            max_bytes,
+        } = batch;
         if let Some(fairness) = list {
             self.list(pool, queue, fairness).await?;
         }
@@ -252,8 +256,9 @@ impl Lanes {
             .map(|start| start.from.map(|from| timestamp(queue, from)).transpose())
             .collect::<Result<Vec<_>, _>>()?;
         let rows = sqlx::query(
-            "select id, payload, deliveries, lease_gen, visible_at, expired, ord, cursor_lane, \
-                    cursor_left, mark_lane, mark_first \
+            "select id, case when octet_length(payload) <= $9 then payload else ''::bytea end, \
+                    deliveries, lease_gen, visible_at, expired, ord, cursor_lane, \
+                    cursor_left, mark_lane, mark_first, octet_length(payload) > $9 \
              from core.lease_fair_marked($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(queue.as_str())
@@ -267,6 +272,7 @@ impl Lanes {
         .bind(left)
         .bind(&lanes)
         .bind(&marks)
+        .bind(max_bytes)
         .fetch_all(pool)
         .await
         .map_err(|e| queue_error(queue, "lease jobs fairly from core.jobs", e))?;
@@ -284,7 +290,7 @@ impl Lanes {
                 lane.cursor = (cursor.0, cursor.1.unwrap_or(0));
             }
         }
-        deliveries(queue, leased, 6)
+        deliveries(queue, leased, 6, 11)
     }
 
     /// The lanes of `queue` its next fair fetch knows, ascending, and where the fetch starting

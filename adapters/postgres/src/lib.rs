@@ -53,6 +53,8 @@ mod fair;
 mod mark;
 #[cfg(feature = "queue")]
 mod outbox;
+#[cfg(feature = "queue")]
+mod oversized;
 mod partitions;
 #[cfg(feature = "queue")]
 mod queue;

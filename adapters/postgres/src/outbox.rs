@@ -8,12 +8,14 @@ use std::time::{Instant, SystemTime};
 
 use chrono::{DateTime, Utc};
 use jobs_core::{
-    Clock, Envelope, PublishOptions, QueueError, QueueName, QueuePort, Receipt, SystemClock,
+    Clock, DecodeLimits, Envelope, PublishOptions, QueueError, QueueName, QueuePort, Receipt,
+    SystemClock,
 };
 use sqlx::{PgConnection, PgPool};
 
 use crate::convert::from_timestamp;
 use crate::mark::{Mark, Start};
+use crate::oversized;
 use crate::rows::{queue_error, timestamp};
 
 /// The advisory lock key the relay holds for its transaction: one relay at a time, so rows
@@ -40,6 +42,7 @@ const RELAY_LOCK: i64 = 0x6a6f_6273_6f75_7462; // "jobsoutb"
 #[derive(Clone)]
 pub struct Outbox {
     clock: Arc<dyn Clock>,
+    limits: DecodeLimits,
 }
 
 impl fmt::Debug for Outbox {
@@ -59,12 +62,20 @@ impl Outbox {
     pub fn new() -> Self {
         Outbox {
             clock: Arc::new(SystemClock),
+            limits: DecodeLimits::default(),
         }
     }
 
     /// The same outbox reading time from `clock`.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Refuses, with [`QueueError::TooLarge`] and nothing written, envelopes longer than
+    /// `limits` allow: the limits the consumers decode with (the default matches theirs).
+    pub fn with_envelope_limits(mut self, limits: DecodeLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -106,6 +117,7 @@ impl Outbox {
         run_at: SystemTime,
         now: SystemTime,
     ) -> Result<Receipt, QueueError> {
+        let payload = envelope.encode_for(queue, &self.limits)?;
         let id: i64 = sqlx::query_scalar(
             "insert into core.outbox (queue, dedup_key, tenant_id, payload, run_at, created_at) \
              values ($1, $2, $3, $4, $5, $6) returning id",
@@ -113,7 +125,7 @@ impl Outbox {
         .bind(queue.as_str())
         .bind(key)
         .bind(envelope.tenant_id.as_uuid())
-        .bind(envelope.to_json_bytes()?)
+        .bind(payload)
         .bind(timestamp(queue, run_at.max(now))?)
         .bind(timestamp(queue, now)?)
         .fetch_one(conn)
@@ -136,12 +148,18 @@ impl Outbox {
 /// rows forwarded since. A row committed with an id below it (a transaction that took its id
 /// before the last read and committed after it) is forwarded by the next sweep from the
 /// start, at most a second later (longer while a held snapshot makes sweeps slow).
+///
+/// A row that can never be forwarded (a payload over the envelope limit, read only for its
+/// length, or one that does not decode, or a queue name that is not valid: rows written by
+/// direct SQL or an older version) does not hold up the rows behind it: the same transaction
+/// moves it to `core.dead_letters` with its bytes, copied inside the database, and a reason.
 #[derive(Clone)]
 pub struct OutboxRelay {
     pool: PgPool,
     target: Arc<dyn QueuePort>,
     clock: Arc<dyn Clock>,
     mark: Arc<Mutex<Option<Mark<i64>>>>,
+    limits: DecodeLimits,
 }
 
 impl fmt::Debug for OutboxRelay {
@@ -162,6 +180,7 @@ struct Row {
     queue: String,
     dedup_key: String,
     payload: Vec<u8>,
+    size: i32,
     run_at: DateTime<Utc>,
 }
 
@@ -173,6 +192,7 @@ impl OutboxRelay {
             target,
             clock: Arc::new(SystemClock),
             mark: Arc::default(),
+            limits: DecodeLimits::default(),
         }
     }
 
@@ -182,8 +202,15 @@ impl OutboxRelay {
         self
     }
 
+    /// Reads rows with `limits` (those of the [`Outbox`] that writes them): a longer payload
+    /// is left unread in the database and its row becomes a dead letter.
+    pub fn with_envelope_limits(mut self, limits: DecodeLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// Forwards up to `batch` committed rows, oldest first, and returns how many left the
-    /// outbox.
+    /// outbox (forwarded, or moved to the dead letters as unforwardable).
     ///
     /// The first forward that fails stops the batch, so no later row of the same tenant
     /// overtakes it: the rows before it are deleted, it and the rest stay for the next call,
@@ -202,11 +229,14 @@ impl OutboxRelay {
             .map_err(err("take the relay lock"))?;
         let start = Start::at(self.lock_mark().as_ref(), Instant::now());
         let rows: Vec<Row> = sqlx::query_as(
-            "select id, queue, dedup_key, payload, run_at from core.outbox \
-             where id >= $2 order by id limit $1",
+            "select id, queue, dedup_key, run_at, octet_length(payload) as size, \
+                 case when octet_length(payload) <= $3 then payload else ''::bytea end \
+                 as payload \
+             from core.outbox where id >= $2 order by id limit $1",
         )
         .bind(i64::try_from(batch).unwrap_or(i64::MAX))
         .bind(start.from.unwrap_or(i64::MIN))
+        .bind(oversized::max_bytes(&self.limits))
         .fetch_all(&mut *tx)
         .await
         .map_err(err("read core.outbox"))?;
@@ -214,7 +244,11 @@ impl OutboxRelay {
         let mut forwarded = Vec::with_capacity(rows.len());
         let mut failure = None;
         for row in rows {
-            match self.forward(&row).await {
+            let forward = match self.read(&row) {
+                Ok((queue, envelope)) => self.forward(&row, &queue, &envelope).await,
+                Err(reason) => dead_letter(&mut tx, &row, &reason, self.clock.now()).await,
+            };
+            match forward {
                 Ok(()) => forwarded.push(row.id),
                 Err(e) => {
                     failure = Some(e);
@@ -250,15 +284,31 @@ impl OutboxRelay {
         }
     }
 
-    async fn forward(&self, row: &Row) -> Result<(), QueueError> {
-        let queue: QueueName = row.queue.parse().map_err(|e| QueueError::Rejected {
-            queue: outbox_name(),
-            reason: format!("outbox row {} names no valid queue: {e}", row.id),
-        })?;
-        let envelope = Envelope::decode(&row.payload).map_err(|e| QueueError::Rejected {
-            queue: queue.clone(),
-            reason: format!("outbox row {} does not decode: {e}", row.id),
-        })?;
+    /// The queue and envelope of `row`, or why it can never be forwarded.
+    fn read(&self, row: &Row) -> Result<(QueueName, Envelope), String> {
+        let limit = self.limits.max_envelope_bytes();
+        if usize::try_from(row.size).unwrap_or(usize::MAX) > limit {
+            return Err(format!(
+                "the envelope is {} bytes, over the limit of {limit} bytes: moved here by the \
+                 outbox relay without being read",
+                row.size
+            ));
+        }
+        let queue: QueueName = row
+            .queue
+            .parse()
+            .map_err(|e| format!("the outbox row names no valid queue: {e}"))?;
+        let envelope = Envelope::decode_with(&row.payload, &self.limits)
+            .map_err(|e| format!("the outbox row does not decode: {e}"))?;
+        Ok((queue, envelope))
+    }
+
+    async fn forward(
+        &self,
+        row: &Row,
+        queue: &QueueName,
+        envelope: &Envelope,
+    ) -> Result<(), QueueError> {
         let run_at = from_timestamp(row.run_at).map_err(|e| QueueError::Rejected {
             queue: queue.clone(),
             reason: e.to_string(),
@@ -277,8 +327,42 @@ impl OutboxRelay {
             correlation_id = %envelope.correlation_id,
             kind = %envelope.kind,
         );
-        let receipt = self.target.publish(&queue, &envelope, opts).await?;
+        let receipt = self.target.publish(queue, envelope, opts).await?;
         span.in_scope(|| tracing::debug!(duplicate = receipt.duplicate, "forwarded"));
         Ok(())
     }
+}
+
+/// Records `row`, which can never be forwarded for `reason`, as a pending dead letter in the
+/// relay's transaction `tx`, its payload copied inside the database (never read by the relay)
+/// and its tenant kept; deduplicated by the row's id, so a relay that dies before its commit
+/// records it once. A row whose queue name is not valid is recorded under `core.outbox`.
+async fn dead_letter(
+    tx: &mut PgConnection,
+    row: &Row,
+    reason: &str,
+    now: SystemTime,
+) -> Result<(), QueueError> {
+    let outbox = outbox_name();
+    let queue = row
+        .queue
+        .parse::<QueueName>()
+        .unwrap_or_else(|_| outbox.clone());
+    sqlx::query(
+        "insert into core.dead_letters (queue, tenant_id, payload, attempts, last_error, \
+             dedup_key, created_at, updated_at) \
+         select $2, tenant_id, payload, 0, $3, 'outbox:' || id, $4, $4 \
+         from core.outbox where id = $1 \
+         on conflict (queue, dedup_key) \
+             where status = 'pending_review' and dedup_key is not null do nothing",
+    )
+    .bind(row.id)
+    .bind(queue.as_str())
+    .bind(reason)
+    .bind(timestamp(&queue, now)?)
+    .execute(tx)
+    .await
+    .map_err(|e| queue_error(&outbox, "move an outbox row to core.dead_letters", e))?;
+    tracing::error!(queue = %queue, outbox_row = row.id, reason, "an outbox row that cannot be forwarded became a dead letter");
+    Ok(())
 }

@@ -10,9 +10,10 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use jobs_core::{
-    Claim, Clock, ConsumerName, Delivery, Depth, Envelope, JobId, Lease, PublishOptions, PullPort,
-    QueueDepth, QueueError, QueueName, QueuePort, Receipt, SettleInTransaction, SettlePort,
-    Settlement, StoreError, SystemClock, TenantFairness, TenantId, TenantWeights, later,
+    Claim, Clock, ConsumerName, DecodeLimits, Delivery, Depth, Envelope, JobId, Lease,
+    PublishOptions, PullPort, QueueDepth, QueueError, QueueName, QueuePort, Receipt,
+    SettleInTransaction, SettlePort, Settlement, StoreError, SystemClock, TenantFairness, TenantId,
+    TenantWeights, later,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgListener, PgRow};
@@ -25,7 +26,8 @@ use crate::convert::{from_timestamp, to_timestamp};
 use crate::error::store_error;
 use crate::fair::{self, Fetch, Lanes};
 use crate::mark::Marks;
-use crate::rows::{Leased, parse_token, queue_error, timestamp};
+use crate::oversized;
+use crate::rows::{Batch, Fetched, Leased, parse_token, queue_error, timestamp};
 use crate::tx::Taken;
 use crate::{PgStore, PgWorkTx};
 
@@ -70,6 +72,7 @@ pub struct PgQueue {
     hub: Arc<Hub>,
     lanes: Arc<Lanes>,
     marks: Arc<Marks>,
+    limits: DecodeLimits,
 }
 
 impl fmt::Debug for PgQueue {
@@ -114,7 +117,17 @@ impl PgQueue {
             clock: Arc::new(SystemClock),
             lanes: Arc::default(),
             marks: Arc::default(),
+            limits: DecodeLimits::default(),
         }
+    }
+
+    /// Holds envelopes to `limits`, the limits the consumers decode with (the default matches
+    /// theirs): a publish over them fails with [`QueueError::TooLarge`] and writes nothing, and a
+    /// fetch leaves a row over them (one written by direct SQL, say) in the database and moves
+    /// it to `core.dead_letters` with its bytes, unread.
+    pub fn with_envelope_limits(mut self, limits: DecodeLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The same queue reading time from `clock` (a `ManualClock` in tests).
@@ -154,7 +167,7 @@ impl PgQueue {
         envelope: &Envelope,
         opts: PublishOptions,
     ) -> Result<Receipt, QueueError> {
-        let payload = envelope.to_json_bytes()?;
+        let payload = envelope.encode_for(queue, &self.limits)?;
         let now = self.clock.now();
         let run_at = opts.visible_at(queue, now)?;
         let key = opts.dedup_key_for(envelope);
@@ -256,7 +269,7 @@ impl PgQueue {
         let mut run_ats = Vec::with_capacity(jobs.len());
         for job in jobs {
             keys.push(job.opts.dedup_key_for(&job.envelope).into_owned());
-            payloads.push(job.envelope.to_json_bytes()?);
+            payloads.push(job.envelope.encode_for(queue, &self.limits)?);
             tenants.push(job.envelope.tenant_id.as_uuid());
             let run_at = job.opts.visible_at(queue, now)?;
             run_ats.push(timestamp(queue, run_at)?);
@@ -363,7 +376,8 @@ impl PgQueue {
 /// It answers in one row, as arrays in id order (insertion order, which is also the fetch order
 /// among rows due at the same time), each job's id, payload, deliveries, lease generation, and
 /// whether it was leased before (a lease that expired unsettled: [`Delivery::expired`]), and the
-/// earliest `visible_at` the rows had (`first`, the next mark); every lease ends at `$3`. One row
+/// earliest `visible_at` the rows had (`first`, the next mark); every lease ends at `$3`. A payload
+/// longer than `$6` bytes is not read: it comes back empty, flagged `oversized`. One row
 /// of arrays, rather than a row per job, costs the client a fraction of the decoding. It fetches
 /// the rows without a lane: a fair queue's rows have one, and `core.lease_fair` fetches them.
 ///
@@ -379,14 +393,16 @@ pub const LEASE_STATEMENT: &str = "with async_commit as \
            and visible_at >= coalesce($5, '-infinity') and visible_at <= $2 \
            order by visible_at, id limit $4 for update skip locked) as c, async_commit \
      where j.id = c.id \
-     returning j.id, j.payload, j.deliveries, j.lease_gen, c.leased as expired, \
-         c.visible_at as was_visible_at) \
+     returning j.id, case when octet_length(j.payload) <= $6 then j.payload else ''::bytea end \
+         as payload, j.deliveries, j.lease_gen, c.leased as expired, \
+         c.visible_at as was_visible_at, octet_length(j.payload) > $6 as oversized) \
      select min(was_visible_at) as first, \
          coalesce(array_agg(id order by id), '{}') as ids, \
          coalesce(array_agg(payload order by id), '{}') as payloads, \
          coalesce(array_agg(deliveries order by id), '{}') as deliveries, \
          coalesce(array_agg(lease_gen order by id), '{}') as generations, \
-         coalesce(array_agg(expired order by id), '{}') as expired \
+         coalesce(array_agg(expired order by id), '{}') as expired, \
+         coalesce(array_agg(oversized order by id), '{}') as oversized \
      from leased";
 
 /// The guard of every settlement: this delivery's generation, leased, lease not expired.
@@ -423,7 +439,9 @@ impl QueuePort for PgQueue {
 #[async_trait]
 impl PullPort for PgQueue {
     /// One statement: the oldest ready rows, skipping those another receiver holds locked, are
-    /// leased (a new fencing generation, one delivery more) and returned.
+    /// leased (a new fencing generation, one delivery more) and returned. Rows over the
+    /// envelope limit ([`PgQueue::with_envelope_limits`]) are leased without their payload and
+    /// moved to `core.dead_letters` by a second statement.
     async fn receive(
         &self,
         queue: &QueueName,
@@ -433,32 +451,21 @@ impl PullPort for PgQueue {
         if max == 0 {
             return Ok(vec![]);
         }
-        if let Fetch::Fair(list) = self.lanes.fetch_mode(&self.pool, queue).await? {
-            return self
-                .lanes
-                .lease_fair(&self.pool, self.clock.as_ref(), queue, list, max, lease)
-                .await;
+        let batch = Batch {
+            max,
+            lease,
+            max_bytes: oversized::max_bytes(&self.limits),
+        };
+        // A fetch that found only rows over the limit fetches again (it moved them away), so
+        // that an empty answer still means that nothing is ready.
+        for _ in 0..OVERSIZED_ROUNDS {
+            let fetched = self.fetch(queue, batch).await?;
+            let moved = self.divert(queue, &fetched.oversized).await;
+            if fetched.oversized.is_empty() || !fetched.deliveries.is_empty() || !moved {
+                return Ok(fetched.deliveries);
+            }
         }
-        let now = self.clock.now();
-        let until = timestamp(queue, later(queue, now, lease, "lease")?)?;
-        let start = self.marks.start(queue);
-        let from = start.from.map(|from| timestamp(queue, from)).transpose()?;
-        let leased: Leased = sqlx::query_as(LEASE_STATEMENT)
-            .bind(queue.as_str())
-            .bind(timestamp(queue, now)?)
-            .bind(until)
-            .bind(i64::try_from(max).unwrap_or(i64::MAX))
-            .bind(from)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| queue_error(queue, "lease jobs from core.jobs", e))?;
-        self.marks.learn(queue, start, now, leased.first());
-        // The lease's end as the database keeps it, to the microsecond.
-        let until = from_timestamp(until).map_err(|e| QueueError::Rejected {
-            queue: queue.clone(),
-            reason: e.to_string(),
-        })?;
-        Ok(leased.deliveries(queue, until))
+        Ok(vec![])
     }
 
     /// Resolves at the next `core_jobs` notification for `queue` (a committed insert), or one
@@ -515,6 +522,70 @@ impl PgQueue {
         fairness: TenantFairness,
     ) -> Result<(), QueueError> {
         self.lanes.make_fair(&self.pool, queue, fairness).await
+    }
+}
+
+/// How many fetches one receive makes at most while each finds only rows over the envelope
+/// limit.
+const OVERSIZED_ROUNDS: usize = 8;
+
+impl PgQueue {
+    /// One fetch of `batch` from `queue`, fair or oldest first as the queue is.
+    async fn fetch(&self, queue: &QueueName, batch: Batch) -> Result<Fetched, QueueError> {
+        match self.lanes.fetch_mode(&self.pool, queue).await? {
+            Fetch::Fair(list) => {
+                let clock = self.clock.as_ref();
+                let lanes = &self.lanes;
+                lanes
+                    .lease_fair(&self.pool, clock, queue, list, batch)
+                    .await
+            }
+            Fetch::Oldest => self.lease_oldest(queue, batch).await,
+        }
+    }
+
+    /// Moves the rows over the limit a fetch of `queue` leased to the dead letters; whether
+    /// that worked. The deliveries beside them are leased already: should this fail, those
+    /// rows come back when their leases end, and that fetch moves them.
+    async fn divert(&self, queue: &QueueName, leased: &[(i64, i64)]) -> bool {
+        let now = self.clock.now();
+        match oversized::divert(&self.pool, queue, &self.limits, now, leased).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(queue = %queue, error = %e, "moving rows over the envelope limit failed");
+                false
+            }
+        }
+    }
+
+    /// One [`LEASE_STATEMENT`]: the oldest ready rows without a lane, from the queue's mark.
+    async fn lease_oldest(&self, queue: &QueueName, batch: Batch) -> Result<Fetched, QueueError> {
+        let Batch {
+            max,
+            lease,
+            max_bytes,
+        } = batch;
+        let now = self.clock.now();
+        let until = timestamp(queue, later(queue, now, lease, "lease")?)?;
+        let start = self.marks.start(queue);
+        let from = start.from.map(|from| timestamp(queue, from)).transpose()?;
+        let leased: Leased = sqlx::query_as(LEASE_STATEMENT)
+            .bind(queue.as_str())
+            .bind(timestamp(queue, now)?)
+            .bind(until)
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .bind(from)
+            .bind(max_bytes)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| queue_error(queue, "lease jobs from core.jobs", e))?;
+        self.marks.learn(queue, start, now, leased.first());
+        // The lease's end as the database keeps it, to the microsecond.
+        let until = from_timestamp(until).map_err(|e| QueueError::Rejected {
+            queue: queue.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(leased.deliveries(queue, until))
     }
 }
 

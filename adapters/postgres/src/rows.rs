@@ -4,7 +4,8 @@
 //!
 //! Both fetches build deliveries here, the oldest-first one ([`Leased`]) and the fair one
 //! ([`deliveries`]), so a lease token is made in one place and read back in one place
-//! ([`parse_token`]) whichever fetch leased the row.
+//! ([`parse_token`]) whichever fetch leased the row. Both set apart the rows whose payload is
+//! over the envelope limit, which the fetch leased without reading ([`Fetched::oversized`]).
 
 use std::time::SystemTime;
 
@@ -46,6 +47,24 @@ pub(crate) fn timestamp(queue: &QueueName, t: SystemTime) -> Result<DateTime<Utc
     })
 }
 
+/// What one fetch asks for: at most `max` rows, leased for `lease`, payloads read up to
+/// `max_bytes` (longer ones are leased unread, [`Fetched::oversized`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Batch {
+    pub(crate) max: usize,
+    pub(crate) lease: std::time::Duration,
+    pub(crate) max_bytes: i32,
+}
+
+/// What a fetch leased: the deliveries, and the rows over the envelope limit, leased but with
+/// their payload left in the database, as `(id, generation)` for
+/// [`oversized::divert`](crate::oversized::divert).
+#[derive(Debug, Default)]
+pub(crate) struct Fetched {
+    pub(crate) deliveries: Vec<Delivery>,
+    pub(crate) oversized: Vec<(i64, i64)>,
+}
+
 /// [`LEASE_STATEMENT`](crate::LEASE_STATEMENT)'s answer.
 #[derive(sqlx::FromRow)]
 pub(crate) struct Leased {
@@ -55,6 +74,7 @@ pub(crate) struct Leased {
     deliveries: Vec<i32>,
     generations: Vec<i64>,
     expired: Vec<bool>,
+    oversized: Vec<bool>,
 }
 
 impl Leased {
@@ -64,7 +84,7 @@ impl Leased {
     }
 
     /// The deliveries of queue `queue`, each lease ending at `until`, in id order.
-    pub(crate) fn deliveries(self, queue: &QueueName, until: SystemTime) -> Vec<Delivery> {
+    pub(crate) fn deliveries(self, queue: &QueueName, until: SystemTime) -> Fetched {
         let Leased {
             first: _,
             ids,
@@ -72,35 +92,50 @@ impl Leased {
             deliveries,
             generations,
             expired,
+            oversized,
         } = self;
         let rows = payloads
             .into_iter()
             .zip(deliveries)
             .zip(generations)
-            .zip(expired);
-        ids.into_iter()
-            .zip(rows)
-            .map(|(id, (((payload, attempt), generation), expired))| {
-                let lease = Lease::new(queue.clone(), token(id, generation), until);
-                let attempt = u32::try_from(attempt).unwrap_or(0);
-                Delivery::new(payload, attempt, Some(id.to_string()), lease).after_expiry(expired)
-            })
-            .collect()
+            .zip(expired)
+            .zip(oversized);
+        let mut fetched = Fetched::default();
+        for (id, ((((payload, attempt), generation), expired), oversized)) in
+            ids.into_iter().zip(rows)
+        {
+            if oversized {
+                fetched.oversized.push((id, generation));
+                continue;
+            }
+            let lease = Lease::new(queue.clone(), token(id, generation), until);
+            let attempt = u32::try_from(attempt).unwrap_or(0);
+            fetched.deliveries.push(
+                Delivery::new(payload, attempt, Some(id.to_string()), lease).after_expiry(expired),
+            );
+        }
+        fetched
     }
 }
 
 /// The deliveries of rows the fair fetch leased (id, payload, deliveries, generation, lease
 /// end, expired), in the order of the integer column `order`: the order its rounds served
-/// them.
+/// them. The boolean column `oversized` marks the rows over the envelope limit.
 pub(crate) fn deliveries(
     queue: &QueueName,
     rows: Vec<PgRow>,
     order: usize,
-) -> Result<Vec<Delivery>, QueueError> {
+    oversized: usize,
+) -> Result<Fetched, QueueError> {
     let corrupt = |e: sqlx::Error| queue_error(queue, "read a leased row", e);
     let mut out = Vec::with_capacity(rows.len());
+    let mut over = Vec::new();
     for row in rows {
         let id: i64 = row.try_get(0).map_err(corrupt)?;
+        if row.try_get::<bool, _>(oversized).map_err(corrupt)? {
+            over.push((id, row.try_get(3).map_err(corrupt)?));
+            continue;
+        }
         let key: i32 = row.try_get(order).map_err(corrupt)?;
         let payload: Vec<u8> = row.try_get(1).map_err(corrupt)?;
         let attempt: i32 = row.try_get(2).map_err(corrupt)?;
@@ -123,7 +158,10 @@ pub(crate) fn deliveries(
         ));
     }
     out.sort_by_key(|(key, _)| *key);
-    Ok(out.into_iter().map(|(_, d)| d).collect())
+    Ok(Fetched {
+        deliveries: out.into_iter().map(|(_, d)| d).collect(),
+        oversized: over,
+    })
 }
 
 /// The lease token of row `id` leased with fencing generation `generation`: what

@@ -11,6 +11,8 @@ mod grouped;
 mod mark;
 #[cfg(feature = "queue")]
 mod outbox;
+#[cfg(feature = "queue")]
+mod oversized;
 mod partitions;
 #[cfg(feature = "queue")]
 mod queue;

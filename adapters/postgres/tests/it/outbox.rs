@@ -362,3 +362,81 @@ async fn under_a_held_snapshot_the_relay_reads_from_its_mark() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn rows_that_can_never_be_forwarded_become_dead_letters_and_hold_up_nothing() {
+    with_databases(|dbs| async move {
+        let pool = dbs.store().await.pool().clone();
+        orders_table(&pool).await;
+        let limits = jobs_core::DecodeLimits::default().max_bytes(4_096);
+        let big = fixtures::envelope_with(
+            1,
+            "test.job",
+            serde_json::json!({"blob": "x".repeat(8_192)}),
+        );
+        let mut tx = pool.begin().await.expect("begin");
+        let refused = Outbox::new()
+            .with_envelope_limits(limits)
+            .publish_in(&mut tx, &queue(), &big, PublishOptions::default())
+            .await;
+        assert!(
+            matches!(refused, Err(QueueError::TooLarge { limit: 4_096, .. })),
+            "{refused:?}"
+        );
+        drop(tx);
+        assert_eq!(outbox_rows(&pool).await, 0, "nothing written");
+
+        let before = commit_jobs(&pool, 2).await;
+        // Rows an older version or direct SQL wrote: over the limit, not an envelope, and for a
+        // queue whose name is not valid.
+        sqlx::query(
+            "insert into core.outbox (queue, dedup_key, tenant_id, payload, run_at, created_at) \
+             values ($1, 'big', $2, $3, now(), now()), ($1, 'junk', $2, 'not json', now(), now()), \
+                    ('Bad Name', 'name', $2, $4, now(), now())",
+        )
+        .bind(queue().as_str())
+        .bind(fixtures::tenant(1).as_uuid())
+        .bind(big.to_json_bytes().expect("encodes"))
+        .bind(fixtures::envelope(1, 99).to_json_bytes().expect("encodes"))
+        .execute(&pool)
+        .await
+        .expect("rows that cannot be forwarded");
+        let after = commit_jobs(&pool, 2).await;
+
+        let downstream = Arc::new(Downstream::default());
+        let relay = OutboxRelay::new(pool.clone(), downstream.clone()).with_envelope_limits(limits);
+        assert_eq!(relay_all(&relay, 10).await, 7, "every row left the outbox");
+        let forwarded: Vec<JobId> = before.iter().chain(&after).map(|e| e.job_id).collect();
+        assert_eq!(downstream.accepted(), forwarded, "the good rows, in order");
+        let letters: Vec<(String, String, bool)> = sqlx::query_as(
+            "select d.queue, d.last_error, d.tenant_id = $1 from core.dead_letters d order by d.id",
+        )
+        .bind(fixtures::tenant(1).as_uuid())
+        .fetch_all(&pool)
+        .await
+        .expect("letters");
+        assert_eq!(letters.len(), 3, "{letters:?}");
+        let big_size = big.to_json_bytes().expect("encodes").len();
+        assert!(
+            letters[0].1.starts_with(&format!(
+                "the envelope is {big_size} bytes, over the limit of 4096 bytes"
+            )),
+            "{letters:?}"
+        );
+        assert!(letters[1].1.contains("does not decode"), "{letters:?}");
+        assert_eq!(
+            letters[2].0, "core.outbox",
+            "an invalid queue name is kept out"
+        );
+        assert!(letters[2].1.contains("no valid queue"), "{letters:?}");
+        assert!(letters.iter().all(|l| l.2), "each keeps its tenant");
+        let kept: i64 =
+            sqlx::query_scalar("select count(*) from core.dead_letters where payload = $1")
+                .bind(big.to_json_bytes().expect("encodes"))
+                .fetch_one(&pool)
+                .await
+                .expect("count");
+        assert_eq!(kept, 1, "the oversized row's bytes are kept");
+    })
+    .await;
+}
