@@ -7,6 +7,7 @@ mod console;
 mod crash;
 mod grouped;
 mod model;
+mod oversized;
 mod pg;
 mod postgres;
 mod process;

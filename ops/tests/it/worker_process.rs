@@ -16,7 +16,7 @@ use crate::process::{Reaped, eventually, terminate, terminate_waited};
 use crate::temp::TempDb;
 
 /// The example's binary, built beside this test's (`cargo test` builds examples).
-fn example(name: &str) -> PathBuf {
+pub(crate) fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test's path");
     let debug = exe
         .parent()
@@ -28,7 +28,7 @@ fn example(name: &str) -> PathBuf {
 }
 
 /// A port nothing listens on now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
