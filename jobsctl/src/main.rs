@@ -69,7 +69,7 @@ async fn run(command: Command, config: Config) -> Result<()> {
         }
         Command::Publish(args) => {
             let queue = durable_queue(&config, "publish").await?;
-            publish::run(&queue, args, out).await
+            publish::run(&queue, &compose::envelope_limits(&config)?, args, out).await
         }
         Command::Queues { queues, json } => {
             let queue = Queue::connect(&config).await?;
@@ -120,7 +120,8 @@ async fn run(command: Command, config: Config) -> Result<()> {
             let queue = durable_queue(&config, "the outbox relay").await?;
             jobs_ops::process::init_tracing(config.get(&compose::LOG_FORMAT).unwrap_or("human"))?;
             let relay =
-                jobs_adapter_postgres::OutboxRelay::new(store.pool().clone(), queue.publisher);
+                jobs_adapter_postgres::OutboxRelay::new(store.pool().clone(), queue.publisher)
+                    .with_envelope_limits(compose::envelope_limits(&config)?);
             until_signal(|stop| jobs_ops::standing::run_relay(relay, stop)).await;
             Ok(())
         }

@@ -6,7 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use jobs_core::{CorrelationId, Envelope, JobId, Kind, PublishOptions, QueueName, TenantId};
+use jobs_core::{
+    CorrelationId, DecodeLimits, Envelope, JobId, Kind, PublishOptions, QueueName, TenantId,
+};
 use jobs_ops::compose::Queue;
 use serde_json::{Value, json};
 
@@ -63,8 +65,14 @@ fn read_data(spec: Option<&str>) -> Result<Value> {
     Ok(serde_json::from_str(&text).map_err(|e| Usage(format!("--data is not JSON: {e}")))?)
 }
 
-/// Builds, validates and publishes the job, printing its id (and receipt with `--json`).
-pub(crate) async fn run(queue: &Queue, args: PublishArgs, out: &mut impl Write) -> Result<()> {
+/// Builds, validates (with `limits`, the configured envelope limit) and publishes the job,
+/// printing its id (and receipt with `--json`).
+pub(crate) async fn run(
+    queue: &Queue,
+    limits: &DecodeLimits,
+    args: PublishArgs,
+    out: &mut impl Write,
+) -> Result<()> {
     let data = read_data(args.data.as_deref())?;
     let job_id = JobId::generate();
     let correlation_id = match args.correlation {
@@ -82,7 +90,7 @@ pub(crate) async fn run(queue: &Queue, args: PublishArgs, out: &mut impl Write) 
     // The same check every consumer makes, size limit included: refuse here what would only
     // become a dead letter there.
     let bytes = envelope.to_json_bytes().context("encoding the envelope")?;
-    if let Err(e) = Envelope::decode(&bytes) {
+    if let Err(e) = Envelope::decode_with(&bytes, limits) {
         let problems: Vec<String> = e
             .issues()
             .iter()

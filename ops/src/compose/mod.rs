@@ -437,7 +437,8 @@ impl Queue {
         match pick(config, &QUEUE_URL, Port::Queue, |a| a.queue)? {
             Some(connect) => counted(config, connect(config, url).await?),
             None => {
-                let memory = MemoryQueue::new(Arc::new(SystemClock));
+                let memory = MemoryQueue::new(Arc::new(SystemClock))
+                    .with_envelope_limits(envelope_limits(config)?);
                 Ok(Queue::pull(scheme(url), memory, false))
             }
         }

@@ -11,13 +11,13 @@ use jobs_core::{BulkRuns, DeadLetterStore, ProcessedJobs, StoreError, TenantDire
 
 use super::{
     Adapter, ComposeError, Config, DATABASE_URL, Engine, QUEUE_URL, Queue, Store, connect_timeout,
-    scheme,
+    envelope_limits, scheme,
 };
 
 pub(super) const ADAPTER: Adapter = Adapter {
     feature: "postgres",
     store: Some(|config, url| store(config, url).boxed()),
-    queue: Some(|_, url| queue(url).boxed()),
+    queue: Some(|config, url| queue(config, url).boxed()),
     rate_limiter: None,
     alerter: None,
     depth: None,
@@ -57,7 +57,8 @@ impl Engine for PgStore {
 
 /// `postgres-queue://…`: the PostgreSQL queue over `core.jobs` of the database the rest of the
 /// URL names. Its table comes with the store's migrations (`jobsctl migrate` on that URL).
-async fn queue(url: &str) -> Result<Queue, ComposeError> {
+async fn queue(config: &Config, url: &str) -> Result<Queue, ComposeError> {
+    let limits = envelope_limits(config)?;
     let rest = ["postgres-queue://", "postgresql-queue://"]
         .iter()
         .find_map(|prefix| url.strip_prefix(prefix))
@@ -65,7 +66,7 @@ async fn queue(url: &str) -> Result<Queue, ComposeError> {
     let store = PgStore::connect(&format!("postgres://{rest}"))
         .await
         .map_err(|e| ComposeError::Queue(e.to_string()))?;
-    let queue = PgQueue::new(store.pool().clone());
+    let queue = PgQueue::new(store.pool().clone()).with_envelope_limits(limits);
     match queue.is_migrated().await {
         Ok(true) => Ok(Queue::pull(scheme(url), queue, true)),
         Ok(false) => Err(ComposeError::Queue(
@@ -100,7 +101,8 @@ pub async fn postgres_worker(
     let store = PgStore::connect_sized(url, worker.connections())
         .await
         .map_err(ComposeError::Store)?;
-    let queue = PgQueue::new(store.pool().clone());
+    // The worker's own limits: what it decodes with is what its queue reads.
+    let queue = PgQueue::new(store.pool().clone()).with_envelope_limits(worker.decode_limits);
     match queue.is_migrated().await {
         Ok(true) => Ok((store, queue)),
         Ok(false) => Err(ComposeError::Queue(

@@ -9,7 +9,7 @@ use jobs_adapter_qstash::{Destination, QStashConfig, QStashQueue, SigningKeys};
 
 use super::{
     Adapter, ComposeError, Config, QSTASH_BASE_URL, QSTASH_CURRENT_SIGNING_KEY, QSTASH_DESTINATION,
-    QSTASH_NEXT_SIGNING_KEY, QSTASH_TOKEN, QUEUE_URL, Queue, scheme,
+    QSTASH_NEXT_SIGNING_KEY, QSTASH_TOKEN, QUEUE_URL, Queue, envelope_limits, scheme,
 };
 
 pub(super) const ADAPTER: Adapter = Adapter {
@@ -59,7 +59,8 @@ fn qstash(config: &Config, url: &str) -> Result<QStashQueue, ComposeError> {
         .with_base_url(base_url)
         .with_destination_template(Destination::new(config.require(&QSTASH_DESTINATION)?))
         .map_err(|e| QSTASH_DESTINATION.invalid(e))?;
-    Ok(QStashQueue::new(settings).map_err(|e| QUEUE_URL.invalid(e))?)
+    let qstash = QStashQueue::new(settings).map_err(|e| QUEUE_URL.invalid(e))?;
+    Ok(qstash.with_envelope_limits(envelope_limits(config)?))
 }
 
 /// The QStash transport [`QUEUE_URL`] names (`qstash:` or `qstash://REGION`), as its own

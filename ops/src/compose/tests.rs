@@ -126,3 +126,49 @@ async fn the_defaults_compose_in_process_adapters() {
     rate_limiter(&config).expect("memory limiter");
     alerter(&config).expect("console");
 }
+
+#[tokio::test]
+async fn one_envelope_limit_holds_the_publish_and_refuses_values_out_of_bounds() {
+    let config = with(&[], &[("JOBS_MAX_ENVELOPE_BYTES", "4096")]);
+    assert_eq!(
+        envelope_limits(&config)
+            .expect("in bounds")
+            .max_envelope_bytes(),
+        4096
+    );
+    let queue = Queue::connect(&config).await.expect("memory");
+    let name: jobs_core::QueueName = "billing.invoices".parse().expect("valid");
+    let big = jobs_core::Envelope::new(
+        "0b6c5e5a-3c1f-4d8e-9a57-2f1e4c6b7d90"
+            .parse()
+            .expect("valid"),
+        jobs_core::CorrelationId::generate(),
+        "billing.invoice_issued".parse().expect("valid"),
+        serde_json::json!({ "blob": "x".repeat(5_000) }),
+    );
+    let refused = queue
+        .publisher
+        .publish(&name, &big, jobs_core::PublishOptions::default())
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(jobs_core::QueueError::TooLarge { limit: 4096, .. })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        envelope_limits(&with(&[], &[]))
+            .expect("the default")
+            .max_envelope_bytes(),
+        jobs_core::DEFAULT_MAX_ENVELOPE_BYTES
+    );
+    for bad in ["0", "1023", "67108865", "4294967296000", "1MiB", "-1"] {
+        let config = with(&[], &[("JOBS_MAX_ENVELOPE_BYTES", bad)]);
+        let error = envelope_limits(&config).expect_err(bad).to_string();
+        assert!(
+            error.contains("max_envelope_bytes") && error.contains(bad),
+            "{bad}: {error}"
+        );
+    }
+}

@@ -9,7 +9,7 @@ use jobs_adapter_vercel_queues::{Region, StaticToken, VercelQueues, VercelQueues
 use super::{
     Adapter, ComposeError, Config, DEPTH_URL, Port, QUEUE_URL, Queue, VERCEL_DEPLOYMENT_ID,
     VERCEL_QUEUES_BASE_URL, VERCEL_QUEUES_CONSUMER_GROUP, VERCEL_QUEUES_TOKEN,
-    VERCEL_QUEUES_TRUST_PUSHED, pick, scheme, unsupported,
+    VERCEL_QUEUES_TRUST_PUSHED, envelope_limits, pick, scheme, unsupported,
 };
 
 pub(super) const ADAPTER: Adapter = Adapter {
@@ -64,7 +64,8 @@ fn vercel_queues(config: &Config, url: &str) -> Result<VercelQueues, ComposeErro
     if config.get(&VERCEL_QUEUES_TRUST_PUSHED) == Some("on") {
         settings = settings.trust_pushed_payload();
     }
-    Ok(VercelQueues::new(settings).map_err(|e| QUEUE_URL.invalid(e))?)
+    let vercel = VercelQueues::new(settings).map_err(|e| QUEUE_URL.invalid(e))?;
+    Ok(vercel.with_envelope_limits(envelope_limits(config)?))
 }
 
 /// The Vercel Queues transport [`QUEUE_URL`] names, as its own type (a worker process

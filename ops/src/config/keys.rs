@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use jobs_core::DecodeLimits;
+
 use super::{Config, ConfigError, DurationRange, Key};
 
 /// The store's URL.
@@ -227,6 +229,34 @@ pub const CONCURRENCY: Key = Key {
     about: "jobs (groups, on the PostgreSQL queue) each queue's worker runs at once; sizes the pool",
 };
 
+/// The longest envelope, in bytes, that a publish, the outbox and the workers accept.
+pub const MAX_ENVELOPE_BYTES: Key = Key {
+    name: "max_envelope_bytes",
+    flag: None,
+    env: "JOBS_MAX_ENVELOPE_BYTES",
+    default: Some("1048576"),
+    secret: false,
+    about: "the longest envelope in bytes any publish, outbox or worker accepts (1024 to 67108864)",
+};
+
+/// The values [`MAX_ENVELOPE_BYTES`] accepts: from 1 KiB (an envelope's ids alone take a
+/// few hundred bytes) to 64 MiB (a job carries references to large data, not the data).
+pub const MAX_ENVELOPE_BYTES_RANGE: std::ops::RangeInclusive<usize> = 1024..=64 << 20;
+
+/// [`MAX_ENVELOPE_BYTES`] as the limits the adapters publish and the workers decode with:
+/// one setting, so nothing is published that a worker refuses.
+pub fn envelope_limits(config: &Config) -> Result<DecodeLimits, ConfigError> {
+    let value = config.require(&MAX_ENVELOPE_BYTES)?;
+    match value.parse::<usize>() {
+        Ok(n) if MAX_ENVELOPE_BYTES_RANGE.contains(&n) => Ok(DecodeLimits::default().max_bytes(n)),
+        _ => Err(MAX_ENVELOPE_BYTES.invalid(format_args!(
+            "`{value}` is not a whole number of bytes from {} to {}",
+            MAX_ENVELOPE_BYTES_RANGE.start(),
+            MAX_ENVELOPE_BYTES_RANGE.end()
+        ))),
+    }
+}
+
 /// How long a worker process lets in-flight jobs finish after a stop signal.
 pub const SHUTDOWN_GRACE: Key = Key {
     name: "shutdown_grace",
@@ -353,6 +383,7 @@ pub const KEYS: &[Key] = &[
     HTTP_ADDR,
     LOG_FORMAT,
     CONCURRENCY,
+    MAX_ENVELOPE_BYTES,
     SHUTDOWN_GRACE,
     CONNECT_TIMEOUT,
     CRON,

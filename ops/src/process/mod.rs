@@ -364,6 +364,7 @@ where
             ));
         }
         let concurrency = settings::positive(&config, &CONCURRENCY)?;
+        let limits = compose::envelope_limits(&config)?;
         let grace = compose::shutdown_grace(&config)?;
         let addr = settings::socket_addr(&config)?;
         let queues = u32::try_from(self.queues.len()).unwrap_or(u32::MAX);
@@ -401,6 +402,7 @@ where
             })?;
             let mut builder = (transport.builder)(consumer, queue.clone())
                 .concurrency(concurrency)
+                .decode_limits(limits)
                 .shutdown_grace(grace)
                 .alerts(alerts.clone());
             if let Some(fairness) = fair.remove(&queue) {

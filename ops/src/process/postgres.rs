@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 use jobs_adapter_postgres::{OutboxRelay, PgQueue, PgStore, PgTenantDirectory};
 use jobs_consumers::Worker;
+use jobs_core::DecodeLimits;
 
 use super::{Opened, ProcessError, ProcessStore, Transport};
 use crate::compose::{self, ComposeError, Config, DATABASE_URL, QUEUE_URL, Source};
@@ -23,6 +24,7 @@ impl ProcessStore for PgStore {
     async fn open(config: &Config, connections: u32) -> Result<Opened<PgStore>, ProcessError> {
         let url = config.require(&DATABASE_URL)?;
         let timeout = compose::connect_timeout(config)?;
+        let limits = compose::envelope_limits(config)?;
         let options = PgStore::pool_options(connections);
         let store = PgStore::connect_with(url, options, timeout)
             .await
@@ -47,7 +49,7 @@ impl ProcessStore for PgStore {
             .setting(&QUEUE_URL)
             .is_none_or(|s| s.source == Source::Default);
         let own = if own_queue {
-            Some(grouped(&store).await?)
+            Some(grouped(&store, limits).await?)
         } else {
             None
         };
@@ -55,7 +57,7 @@ impl ProcessStore for PgStore {
         Ok(Opened {
             tenants: Some(Arc::new(PgTenantDirectory::new(store.pool().clone()))),
             relay: Some(Box::new(move |target| {
-                let relay = OutboxRelay::new(outbox, target);
+                let relay = OutboxRelay::new(outbox, target).with_envelope_limits(limits);
                 Box::new(move |stop| Box::pin(crate::standing::run_relay(relay, stop)))
             })),
             own,
@@ -65,9 +67,13 @@ impl ProcessStore for PgStore {
     }
 }
 
-/// The PostgreSQL queue in `store`'s database, on its pool, its workers grouped.
-async fn grouped(store: &PgStore) -> Result<Transport<PgStore>, ProcessError> {
-    let queue = Arc::new(PgQueue::new(store.pool().clone()));
+/// The PostgreSQL queue in `store`'s database, on its pool, its workers grouped; envelopes
+/// held to `limits`.
+async fn grouped(
+    store: &PgStore,
+    limits: DecodeLimits,
+) -> Result<Transport<PgStore>, ProcessError> {
+    let queue = Arc::new(PgQueue::new(store.pool().clone()).with_envelope_limits(limits));
     match queue.is_migrated().await {
         Ok(true) => {}
         Ok(false) => {
