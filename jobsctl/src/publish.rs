@@ -1,7 +1,8 @@
 //! `jobsctl publish`: one job, validated as consumers will validate it, through the configured
 //! queue.
 
-use std::io::{Read, Write};
+use std::io::Write;
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
@@ -10,7 +11,8 @@ use jobs_core::{
     CorrelationId, DecodeLimits, Envelope, JobId, Kind, PublishOptions, QueueName, TenantId,
 };
 use jobs_ops::compose::Queue;
-use serde_json::{Value, json};
+use serde::de::IgnoredAny;
+use serde_json::json;
 
 use crate::Usage;
 
@@ -45,24 +47,20 @@ pub(crate) struct PublishArgs {
     json: bool,
 }
 
-fn read_data(spec: Option<&str>) -> Result<Value> {
-    let text = match spec {
-        None => return Ok(json!({})),
-        Some("@-") => {
-            let mut text = String::new();
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .context("reading --data from standard input")?;
-            text
-        }
+/// The text of `--data`, read from its file or standard input up to `limit` bytes: no
+/// envelope carrying more is published anyway.
+fn read_data(spec: Option<&str>, limit: usize) -> Result<String> {
+    let bytes = match spec {
+        None => return Ok("{}".to_owned()),
         Some(spec) => match spec.strip_prefix('@') {
             Some(path) => {
-                std::fs::read_to_string(path).map_err(|e| Usage(format!("--data @{path}: {e}")))?
+                let given = format!("--data @{path}");
+                crate::values::read_bounded(&given, Path::new(path), limit)?
             }
-            None => spec.to_owned(),
+            None => return Ok(spec.to_owned()),
         },
     };
-    Ok(serde_json::from_str(&text).map_err(|e| Usage(format!("--data is not JSON: {e}")))?)
+    String::from_utf8(bytes).map_err(|_| Usage("--data is not UTF-8 text".to_owned()).into())
 }
 
 /// Builds, validates (with `limits`, the configured envelope limit) and publishes the job,
@@ -73,31 +71,35 @@ pub(crate) async fn run(
     args: PublishArgs,
     out: &mut impl Write,
 ) -> Result<()> {
-    let data = read_data(args.data.as_deref())?;
+    let data = read_data(args.data.as_deref(), limits.max_envelope_bytes())?;
+    // One JSON value and nothing after it, so that the text cannot add fields beside `data`.
+    serde_json::from_str::<IgnoredAny>(&data)
+        .map_err(|e| Usage(format!("--data is not JSON: {e}")))?;
     let job_id = JobId::generate();
     let correlation_id = match args.correlation {
         Some(id) => id,
         // A job that starts a business operation correlates with itself.
         None => job_id.into(),
     };
-    let envelope = Envelope {
-        job_id,
-        tenant_id: args.tenant,
-        correlation_id,
-        kind: args.kind,
-        data,
+    // The envelope as bytes around the data as given, checked by the decoder every consumer
+    // uses (size limit and duplicate keys included): refuse here what would only become a
+    // dead letter there.
+    let bytes = format!(
+        r#"{{"job_id":"{job_id}","tenant_id":"{}","correlation_id":"{correlation_id}","kind":{},"data":{data}}}"#,
+        args.tenant,
+        json!(args.kind.as_str()),
+    );
+    let envelope = match Envelope::decode_with(bytes.as_bytes(), limits) {
+        Ok(envelope) => envelope,
+        Err(e) => {
+            let problems: Vec<String> = e
+                .issues()
+                .iter()
+                .map(|issue| format!("{}: {}", issue.field, issue.problem))
+                .collect();
+            anyhow::bail!("the job is not a valid envelope: {}", problems.join("; "));
+        }
     };
-    // The same check every consumer makes, size limit included: refuse here what would only
-    // become a dead letter there.
-    let bytes = envelope.to_json_bytes().context("encoding the envelope")?;
-    if let Err(e) = Envelope::decode_with(&bytes, limits) {
-        let problems: Vec<String> = e
-            .issues()
-            .iter()
-            .map(|issue| format!("{}: {}", issue.field, issue.problem))
-            .collect();
-        anyhow::bail!("the job is not a valid envelope: {}", problems.join("; "));
-    }
     let receipt = match (args.at, args.delay) {
         (Some(at), _) => queue.publisher.schedule(&args.queue, &envelope, at).await,
         (None, Some(delay)) => {

@@ -5,12 +5,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use jobs_adapter_qstash::{DEFAULT_CLOCK_TOLERANCE, KeyUsed, SigningKeys, verify_signature};
 use serde_json::json;
-
-use crate::Usage;
 
 /// One delivery to check.
 #[derive(Debug, Args)]
@@ -50,15 +48,10 @@ pub(crate) fn verify(keys: &SigningKeys, args: &VerifyArgs, out: &mut impl Write
         args.json,
     );
     let at = args.at.unwrap_or_else(SystemTime::now);
-    let body = if body_file.as_os_str() == "-" {
-        let mut body = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut body)
-            .context("reading the body from standard input")?;
-        body
-    } else {
-        std::fs::read(body_file)
-            .map_err(|e| Usage(format!("--body {}: {e}", body_file.display())))?
-    };
+    // A body is an envelope: no longer than the longest a worker accepts.
+    let limit = *jobs_ops::compose::MAX_ENVELOPE_BYTES_RANGE.end();
+    let given = format!("--body {}", body_file.display());
+    let body = crate::values::read_bounded(&given, body_file, limit)?;
     let verdict = verify_signature(signature, Some(url), &body, at, keys, tolerance);
     match (&verdict, as_json) {
         (Ok(verified), true) => writeln!(

@@ -1,11 +1,40 @@
 //! The values flags take and output shows: times (RFC 3339), durations (the one grammar of
 //! `jobs_ops::config`, each flag with its own bounds) and dead-letter statuses.
 
+use std::io::Read;
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use jobs_core::DeadLetterStatus;
 use jobs_ops::config::{DurationRange, DurationRefused};
+
+use crate::Usage;
+
+/// The contents of the file `path` (`-`: standard input), given as `given` (the flag and its
+/// value, for messages), read up to `limit` bytes: a longer input (a wrong file, `/dev/zero`)
+/// is refused once `limit` bytes are read, naming the flag and the limit, rather than read
+/// until memory runs out.
+pub(crate) fn read_bounded(given: &str, path: &Path, limit: usize) -> Result<Vec<u8>, Usage> {
+    let refused = |e: std::io::Error| Usage(format!("{given}: {e}"));
+    let reader: Box<dyn Read> = if path.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::fs::File::open(path).map_err(refused)?)
+    };
+    let mut bytes = Vec::new();
+    let bound = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
+    reader
+        .take(bound)
+        .read_to_end(&mut bytes)
+        .map_err(refused)?;
+    if bytes.len() > limit {
+        return Err(Usage(format!(
+            "{given}: longer than the limit of {limit} bytes"
+        )));
+    }
+    Ok(bytes)
+}
 
 /// `t` as RFC 3339 in UTC, to the second.
 pub(crate) fn rfc3339(t: SystemTime) -> String {

@@ -135,6 +135,13 @@ fn flags_beat_the_environment_which_beats_jobs_toml_which_beats_the_default() {
     assert_eq!(missing.status.code(), Some(2), "{missing:?}");
     let via_env = run(&dir.0, &[("JOBS_CONFIG", "nope.toml")], &["config"]);
     assert_eq!(via_env.status.code(), Some(2), "{via_env:?}");
+    // a file without end is read up to a bound and refused there
+    let endless = run(&dir.0, &[], &["config", "--config", "/dev/zero"]);
+    assert_eq!(endless.status.code(), Some(2), "{endless:?}");
+    assert!(
+        String::from_utf8_lossy(&endless.stderr).contains("not a configuration file"),
+        "{endless:?}"
+    );
 
     // a typo in jobs.toml is an error naming the key, not a silent default
     std::fs::write(dir.0.join("jobs.toml"), "queue_ulr = \"memory:\"\n").expect("write");

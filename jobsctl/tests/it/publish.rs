@@ -107,18 +107,43 @@ fn publish_refuses_bad_input_before_sending_anything() {
         );
     }
     let big = std::env::temp_dir().join(format!("jobsctl-big-{}.json", std::process::id()));
+    // Data under the limit in an envelope over it: refused by the consumers' own check.
     std::fs::write(
         &big,
-        format!(r#"{{"blob":"{}"}}"#, "x".repeat(1024 * 1024 + 1)),
+        format!(r#"{{"blob":"{}"}}"#, "x".repeat(1024 * 1024 - 100)),
     )
     .expect("write");
     let oversized = publish(&[&memory[..], &["--data", &format!("@{}", big.display())]].concat());
     let _ = std::fs::remove_file(&big);
     assert_eq!(oversized.status.code(), Some(1), "{oversized:?}");
     assert!(
-        stderr(&oversized).contains("over the limit"),
+        stderr(&oversized).contains("over the limit of 1048576"),
         "{}",
         stderr(&oversized)
+    );
+    // An input without end is read up to the limit, and refused there.
+    let endless = publish(&[&memory[..], &["--data", "@/dev/zero"]].concat());
+    assert_eq!(endless.status.code(), Some(2), "{endless:?}");
+    assert!(
+        stderr(&endless).contains("--data @/dev/zero: longer than the limit of 1048576 bytes"),
+        "{}",
+        stderr(&endless)
+    );
+    // A key twice: the consumers would dead-letter it, so it is not published.
+    let twice = publish(&[&memory[..], &["--data", r#"{"invoice":1,"invoice":2}"#]].concat());
+    assert_eq!(twice.status.code(), Some(1), "{twice:?}");
+    assert!(
+        stderr(&twice).contains("duplicate key at `data.invoice`"),
+        "{}",
+        stderr(&twice)
+    );
+    // Text after the value cannot add fields beside `data`.
+    let smuggled = publish(&[&memory[..], &["--data", r#"{},"kind":"other.kind""#]].concat());
+    assert_eq!(smuggled.status.code(), Some(2), "{smuggled:?}");
+    assert!(
+        stderr(&smuggled).contains("--data is not JSON"),
+        "{}",
+        stderr(&smuggled)
     );
 
     let bad_tenant = jobsctl(&[

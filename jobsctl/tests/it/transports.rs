@@ -275,6 +275,14 @@ async fn publish_reaches_qstash_and_verify_explains_its_signature() {
         "{verdict}"
     );
 
+    let endless = verify(&url, std::path::Path::new("/dev/zero"), &[], &env);
+    assert_eq!(endless.status.code(), Some(2), "{endless:?}");
+    assert!(
+        String::from_utf8_lossy(&endless.stderr)
+            .contains("--body /dev/zero: longer than the limit of 67108864 bytes"),
+        "{endless:?}"
+    );
+
     let elsewhere = verify("https://app.example.com/other", &body, &[], &env);
     assert_eq!(elsewhere.status.code(), Some(1));
     assert!(stdout(&elsewhere).contains("subject is"), "{elsewhere:?}");

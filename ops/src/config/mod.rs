@@ -290,11 +290,27 @@ impl Config {
     }
 }
 
+/// The longest configuration file read: a `jobs.toml` takes a few kilobytes, and a path to
+/// something else (`/dev/zero`, a log) is refused at this bound, not read until memory runs out.
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
 fn read_file(path: &Path) -> Result<BTreeMap<String, String>, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+    let refused = |message: String| ConfigError::File {
         path: path.to_owned(),
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| refused(e.to_string()))?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(file, MAX_CONFIG_BYTES + 1),
+        &mut text,
+    )
+    .map_err(|e| refused(e.to_string()))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(refused(format!(
+            "longer than {MAX_CONFIG_BYTES} bytes: not a configuration file"
+        )));
+    }
     let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::File {
         path: path.to_owned(),
         message: e.to_string(),

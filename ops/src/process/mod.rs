@@ -363,7 +363,7 @@ where
                 &format!("names `{unknown}`, which this process does not consume"),
             ));
         }
-        let concurrency = settings::positive(&config, &CONCURRENCY)?;
+        let concurrency = settings::positive(&config, &CONCURRENCY, settings::MAX_CONCURRENCY)?;
         let limits = compose::envelope_limits(&config)?;
         let grace = compose::shutdown_grace(&config)?;
         let addr = settings::socket_addr(&config)?;

@@ -98,14 +98,19 @@ pub(super) fn fair_queues(
     Ok(fair)
 }
 
-/// A positive whole number from `key`.
-pub(super) fn positive(config: &Config, key: &Key) -> Result<usize, ProcessError> {
+/// The most jobs a worker of a process runs at once: each holds a connection (or a group of
+/// jobs) and a task, so a larger number only exhausts the database, and an absurd one would
+/// abort the process allocating for it.
+pub(super) const MAX_CONCURRENCY: usize = 4_096;
+
+/// A whole number from `key`, from 1 to `max`.
+pub(super) fn positive(config: &Config, key: &Key, max: usize) -> Result<usize, ProcessError> {
     let value = config.require(key)?;
     match value.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
         _ => Err(refused(
             key,
-            &format!("`{value}` is not a whole number above zero"),
+            &format!("`{value}` is not a whole number from 1 to {max}"),
         )),
     }
 }

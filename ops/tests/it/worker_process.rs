@@ -210,7 +210,7 @@ async fn a_process_refuses_a_store_its_handlers_do_not_run_on_naming_the_key() {
 #[tokio::test]
 async fn a_process_refuses_settings_that_cannot_work_by_name() {
     let db = TestDb::create().await;
-    let cases: [(&str, &str, &str); 8] = [
+    let cases: [(&str, &str, &str); 11] = [
         (
             "JOBS_FAIR",
             "billing.refunds",
@@ -227,6 +227,22 @@ async fn a_process_refuses_settings_that_cannot_work_by_name() {
             "JOBS_FAIR (fair in jobs.toml): names `billing.invoices` twice",
         ),
         ("JOBS_CONCURRENCY", "0", "--concurrency (JOBS_CONCURRENCY"),
+        (
+            "JOBS_CONCURRENCY",
+            "4294967296",
+            "--concurrency (JOBS_CONCURRENCY",
+        ),
+        (
+            "JOBS_MAX_ENVELOPE_BYTES",
+            "1",
+            "JOBS_MAX_ENVELOPE_BYTES (max_envelope_bytes in jobs.toml): `1` is not a whole number \
+             of bytes from 1024 to 67108864",
+        ),
+        (
+            "JOBS_MAX_ENVELOPE_BYTES",
+            "huge",
+            "JOBS_MAX_ENVELOPE_BYTES (max_envelope_bytes in jobs.toml)",
+        ),
         (
             "JOBS_SHUTDOWN_GRACE",
             "soon",
