@@ -400,6 +400,82 @@ fn typed_data_failures_name_the_kind() {
     assert!(err.to_string().contains("billing.invoice_issued"), "{err}");
 }
 
+#[test]
+fn typed_data_failures_name_the_path_and_the_expected_type_never_the_value() {
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Line {
+        sku: u64,
+    }
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    enum Currency {
+        Eur,
+    }
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Order {
+        lines: Vec<Line>,
+        currency: Option<Currency>,
+    }
+    let with_data = |data: Value| {
+        let mut envelope = valid();
+        envelope["data"] = data;
+        decode(&serde_json::to_vec(&envelope).expect("serialises"))
+            .expect("valid")
+            .into_typed::<Order>()
+            .expect_err("does not fit")
+    };
+    for (data, path, expected) in [
+        (
+            json!({"lines": [{"sku": 1}, {"sku": "<script>\"x`y"}]}),
+            "data.lines[1].sku",
+            "invalid type: string, expected u64",
+        ),
+        (
+            json!({"lines": [{"sku": -4_242}]}),
+            "data.lines[0].sku",
+            "invalid value: integer, expected u64",
+        ),
+        (
+            json!({"lines": [], "currency": "Secret_Tag"}),
+            "data.currency",
+            "unknown variant, expected `Eur`",
+        ),
+        (
+            json!({"lines": true}),
+            "data.lines",
+            "invalid type: boolean, expected a sequence",
+        ),
+    ] {
+        let err = with_data(data.clone());
+        let message = err.to_string();
+        assert!(message.contains(&format!("at `{path}`")), "{message}");
+        assert!(message.contains(expected), "{message}");
+        for value in ["script", "4242", "Secret_Tag", "true"] {
+            assert!(!message.contains(value), "{value} leaked: {message}");
+        }
+        assert!(
+            err.with_values().contains(&format!("at `{path}`")),
+            "{}",
+            err.with_values()
+        );
+    }
+    let missing = with_data(json!({}));
+    assert!(
+        missing
+            .to_string()
+            .contains("missing field `lines` at `data`"),
+        "{missing}"
+    );
+    assert!(
+        with_data(json!({"lines": [{"sku": "<b>"}]}))
+            .with_values()
+            .contains("<b>"),
+        "the debugging form keeps the value"
+    );
+}
+
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),

@@ -57,6 +57,8 @@ pub(crate) struct Limits {
     pub(crate) shutdown_grace: Duration,
     /// What a payload may be to decode.
     pub(crate) decode_limits: DecodeLimits,
+    /// Whether a data error quotes the values it found.
+    pub(crate) error_values: bool,
 }
 
 impl Limits {
@@ -240,6 +242,7 @@ mod tests {
             poll_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(30),
             decode_limits: DecodeLimits::default(),
+            error_values: false,
         }
     }
 

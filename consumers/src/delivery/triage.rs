@@ -136,7 +136,11 @@ where
             Err(e) => Err(Reject {
                 salvage,
                 reason: DeadReason::Poison,
-                error: e.to_string(),
+                error: if self.limits.error_values {
+                    e.with_values()
+                } else {
+                    e.to_string()
+                },
             }),
         }
     }

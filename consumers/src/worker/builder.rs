@@ -316,6 +316,12 @@ impl<S: WorkStore> WorkerBuilder<S> {
         self
     }
 
+    /// [`WorkerConfig::error_values`].
+    pub fn error_values(mut self, on: bool) -> Self {
+        self.config.error_values = on;
+        self
+    }
+
     /// Dead-letters a job whose kind no handler of this worker knows at once, as poison,
     /// instead of retrying it with the queue's backoff (the default, so that in a rolling
     /// deploy a kind published before every worker has its handler waits for it): for a

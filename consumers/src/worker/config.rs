@@ -84,6 +84,11 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// Limits applied when decoding payloads.
     pub decode_limits: DecodeLimits,
+    /// Whether the error of a job whose `data` does not fit its handler quotes the values
+    /// serde found (`DataError::with_values`) in `last_error`, the logs and the alerts. Off by
+    /// default: a payload's contents are the producer's, not the operator's; on only while
+    /// debugging.
+    pub error_values: bool,
     /// In grouped mode ([`Worker::grouped_builder`](crate::Worker::grouped_builder)), the most jobs one work transaction
     /// carries (1 to [`MAX_GROUP_SIZE`]). Larger groups commit less often; each job of a group
     /// waits for the ones before it, since they share one connection. A group whose jobs
@@ -128,6 +133,7 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_millis(500),
             shutdown_grace: Duration::from_secs(30),
             decode_limits: DecodeLimits::default(),
+            error_values: false,
             group_size: 64,
             group_linger: Duration::ZERO,
             group_time: Duration::from_millis(100),
@@ -221,6 +227,7 @@ impl WorkerConfig {
             poll_interval: self.poll_interval,
             shutdown_grace: self.shutdown_grace,
             decode_limits: self.decode_limits,
+            error_values: self.error_values,
         }
     }
 }

@@ -1117,3 +1117,34 @@ async fn fairness_is_granted_by_the_pull_side_or_the_build_fails() {
         .expect_err("a push transport is refused");
     assert!(push.to_string().contains("pull transport"), "{push}");
 }
+
+#[tokio::test]
+async fn a_data_error_names_the_path_and_the_type_and_quotes_no_value_unless_asked() {
+    let last_error = |error_values: bool| async move {
+        let h = Harness::new();
+        let mut config = jobs_consumers::WorkerConfig::default();
+        config.error_values = error_values;
+        let worker = h.worker_with(ok, config);
+        let mut wrong = serde_json::to_value(h.publish_unpublished(1)).expect("serialises");
+        wrong["data"] = serde_json::json!({ "n": "<script>alert(1)</script>" });
+        let bytes = serde_json::to_vec(&wrong).expect("serialises");
+        h.queue
+            .publish_bytes(&h.name, bytes, &PublishOptions::default());
+        h.drain(&worker).await;
+        let letters = h
+            .store
+            .list(&DeadLetterFilter::default())
+            .await
+            .expect("list");
+        assert_eq!(letters.len(), 1);
+        letters[0].letter.last_error.clone()
+    };
+    let quiet = last_error(false).await;
+    assert!(
+        quiet.contains("invalid type: string, expected u64 at `data.n`"),
+        "{quiet}"
+    );
+    assert!(!quiet.contains("script"), "a value leaked: {quiet}");
+    let loud = last_error(true).await;
+    assert!(loud.contains("<script>alert(1)</script>"), "{loud}");
+}

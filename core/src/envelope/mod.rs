@@ -117,11 +117,12 @@ impl Envelope {
 
     /// The same job with `data` deserialised into the handler's type.
     pub fn into_typed<T: DeserializeOwned>(self) -> Result<Envelope<T>, DataError> {
-        match T::deserialize(&self.data) {
+        match serde_path_to_error::deserialize(&self.data) {
             Ok(data) => Ok(self.map_data(|_| data)),
-            Err(source) => Err(DataError {
+            Err(e) => Err(DataError {
                 kind: self.kind,
-                source,
+                path: e.path().to_string(),
+                source: e.into_inner(),
             }),
         }
     }
@@ -237,14 +238,32 @@ impl Default for DecodeLimits {
 }
 
 /// `data` did not deserialise into the handler's type: the job is poison.
-#[derive(Debug, Error)]
-#[error("`data` does not fit kind `{kind}`: {source}")]
+///
+/// Its message names where in `data` and what was expected, never the value found: it goes
+/// to `last_error`, the logs and the alerts, which must not carry what a payload holds (a
+/// producer's personal data, or markup aimed at whoever reads them).
+/// [`DataError::with_values`] is serde's own message, for debugging.
+#[derive(Debug)]
 pub struct DataError {
     /// The job's kind.
     pub kind: Kind,
-    /// What serde said.
-    #[source]
+    /// Where in `data` serde stopped, e.g. `items[3].sku` (`.` for `data` itself).
+    pub path: String,
+    /// What serde said, values included.
     pub source: serde_json::Error,
+}
+
+impl std::fmt::Display for DataError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, said, at) = (&self.kind, redact(&self.source.to_string()), self.at());
+        write!(f, "`data` does not fit kind `{kind}`: {said} at `{at}`")
+    }
+}
+
+impl std::error::Error for DataError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
 }
 
 impl DataError {
@@ -252,6 +271,66 @@ impl DataError {
     pub fn class(&self) -> ErrorClass {
         ErrorClass::Permanent
     }
+
+    /// The message with the values serde quoted: for debugging only.
+    pub fn with_values(&self) -> String {
+        format!(
+            "`data` does not fit kind `{}`: {} at `{}`",
+            self.kind,
+            self.source,
+            self.at()
+        )
+    }
+
+    fn at(&self) -> String {
+        match self.path.as_str() {
+            "." | "" => "data".to_owned(),
+            path => format!("data.{path}"),
+        }
+    }
+}
+
+/// serde's message without the values it quotes: `invalid type: string "<b>", expected u64`
+/// becomes `invalid type: string, expected u64`; `invalid value: integer `7`, expected …` and
+/// `unknown variant `x`, expected …` lose the quoted value; names of the handler's own fields
+/// (`missing field `x``) stay, and so does the position serde adds.
+fn redact(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find(['"', '`']) {
+        let quote = rest.as_bytes()[start] as char;
+        let before = &rest[..start];
+        let value_follows = quote == '"'
+            || ["invalid value: ", "invalid type: ", "unknown variant "]
+                .iter()
+                .any(|lead| before.contains(lead) && !before.contains(", expected"));
+        let Some(end) = find_closing(&rest[start + 1..], quote) else {
+            break;
+        };
+        let quoted = &rest[start..start + 1 + end + 1];
+        if value_follows {
+            out.push_str(before.trim_end_matches(' '));
+        } else {
+            out.push_str(before);
+            out.push_str(quoted);
+        }
+        rest = &rest[start + quoted.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Where `quote` closes `text` (which follows the opening one), past escaped quotes.
+fn find_closing(text: &str, quote: char) -> Option<usize> {
+    let mut escaped = false;
+    for (i, c) in text.char_indices() {
+        match c {
+            '\\' if quote == '"' && !escaped => escaped = true,
+            c if c == quote && !escaped => return Some(i),
+            _ => escaped = false,
+        }
+    }
+    None
 }
 
 impl<'de> Deserialize<'de> for Envelope {

@@ -257,6 +257,16 @@ pub fn envelope_limits(config: &Config) -> Result<DecodeLimits, ConfigError> {
     }
 }
 
+/// Whether a worker's errors quote the payload values a handler's data type refused.
+pub const ERROR_VALUES: Key = Key {
+    name: "error_values",
+    flag: None,
+    env: "JOBS_ERROR_VALUES",
+    default: Some("off"),
+    secret: false,
+    about: "on: errors of data that does not fit its handler quote the values found, in last_error, logs and alerts (debugging only)",
+};
+
 /// How long a worker process lets in-flight jobs finish after a stop signal.
 pub const SHUTDOWN_GRACE: Key = Key {
     name: "shutdown_grace",
@@ -384,6 +394,7 @@ pub const KEYS: &[Key] = &[
     LOG_FORMAT,
     CONCURRENCY,
     MAX_ENVELOPE_BYTES,
+    ERROR_VALUES,
     SHUTDOWN_GRACE,
     CONNECT_TIMEOUT,
     CRON,

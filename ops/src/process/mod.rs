@@ -365,6 +365,7 @@ where
         }
         let concurrency = settings::positive(&config, &CONCURRENCY, settings::MAX_CONCURRENCY)?;
         let limits = compose::envelope_limits(&config)?;
+        let error_values = config.switch(&compose::ERROR_VALUES)?;
         let grace = compose::shutdown_grace(&config)?;
         let addr = settings::socket_addr(&config)?;
         let queues = u32::try_from(self.queues.len()).unwrap_or(u32::MAX);
@@ -403,6 +404,7 @@ where
             let mut builder = (transport.builder)(consumer, queue.clone())
                 .concurrency(concurrency)
                 .decode_limits(limits)
+                .error_values(error_values)
                 .shutdown_grace(grace)
                 .alerts(alerts.clone());
             if let Some(fairness) = fair.remove(&queue) {
