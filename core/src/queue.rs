@@ -626,6 +626,25 @@ pub trait QueueDepth: Send + Sync {
     async fn queues(&self) -> Result<Option<Vec<QueueName>>, QueueError> {
         Ok(None)
     }
+
+    /// The depth of every queue [`QueueDepth::queues`] lists and of each of `also`, by name:
+    /// what an overview shows. A transport that can read them all at once overrides it (the
+    /// PostgreSQL queue: one statement, however many queues); the default asks `queues`, then
+    /// `depth` of each.
+    async fn depths(&self, also: &[QueueName]) -> Result<Vec<(QueueName, Depth)>, QueueError> {
+        let mut names = also.to_vec();
+        if let Some(listed) = self.queues().await? {
+            names.extend(listed);
+        }
+        names.sort();
+        names.dedup();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let depth = self.depth(&name).await?;
+            out.push((name, depth));
+        }
+        Ok(out)
+    }
 }
 
 /// A failure of a queue port.

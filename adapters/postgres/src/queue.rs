@@ -1,7 +1,7 @@
 //! The PostgreSQL queue (feature `queue`, ADR 0011): `core.jobs`, fetched in batches with
 //! `FOR UPDATE SKIP LOCKED`, leased with a fencing token, deleted on ack.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
@@ -983,6 +983,32 @@ impl QueueDepth for PgQueue {
                 .map_err(|e| queue_error(&any, "list the queues of core.jobs", e))?;
         // A row of another program's naming is left out rather than failing the list.
         Ok(Some(names.iter().filter_map(|n| n.parse().ok()).collect()))
+    }
+
+    /// One statement over `core.jobs`, grouped by queue, whatever the number of queues.
+    async fn depths(&self, also: &[QueueName]) -> Result<Vec<(QueueName, Depth)>, QueueError> {
+        let any: QueueName = "core.jobs".parse().expect("a valid name");
+        let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+            "select queue, count(*) filter (where visible_at <= $1), \
+                    count(*) filter (where not leased and visible_at > $1), \
+                    count(*) filter (where leased and visible_at > $1) \
+             from core.jobs group by queue",
+        )
+        .bind(timestamp(&any, self.clock.now())?)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| queue_error(&any, "count core.jobs by queue", e))?;
+        let n = |c: i64| u64::try_from(c).unwrap_or(0);
+        let mut depths: BTreeMap<QueueName, Depth> = (also.iter())
+            .map(|name| (name.clone(), Depth::new(0, 0, 0)))
+            .collect();
+        // A row of another program's naming is left out, as `queues` leaves it.
+        for (queue, ready, delayed, in_flight) in rows {
+            if let Ok(name) = queue.parse() {
+                depths.insert(name, Depth::new(n(ready), n(delayed), n(in_flight)));
+            }
+        }
+        Ok(depths.into_iter().collect())
     }
 }
 

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use axum::Router;
-use axum::extract::{Form, State};
+use axum::extract::{Form, Query, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -343,23 +343,36 @@ async fn logout(State(console): Shared, headers: HeaderMap, Form(form): Form<Csr
     answer
 }
 
-/// One queue's figures, `None` where the transport cannot tell.
+/// How many queues a page of the overview shows, the busiest first.
+const QUEUES_PER_PAGE: usize = 100;
+
+/// Every queue's figures, the busiest first (then by name), read in one call
+/// ([`QueueDepth::depths`]: one statement on PostgreSQL, however many queues); `None` where
+/// the transport could not tell.
 async fn queue_rows(console: &Console) -> Vec<(QueueName, Option<jobs_core::Depth>)> {
     let Some(depth) = &console.depth else {
         return vec![];
     };
-    let mut names = console.queues.clone();
-    if let Ok(Some(listed)) = depth.queues().await {
-        names.extend(listed);
+    match depth.depths(&console.queues).await {
+        Ok(mut rows) => {
+            rows.sort_by(|a, b| (b.1.total().cmp(&a.1.total())).then_with(|| a.0.cmp(&b.0)));
+            rows.into_iter().map(|(name, d)| (name, Some(d))).collect()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the queues' depth could not be read");
+            console
+                .queues
+                .iter()
+                .map(|name| (name.clone(), None))
+                .collect()
+        }
     }
-    names.sort();
-    names.dedup();
-    let mut rows = Vec::with_capacity(names.len());
-    for name in names {
-        let figures = depth.depth(&name).await.ok();
-        rows.push((name, figures));
-    }
-    rows
+}
+
+/// The overview's query: which page of queues (from 0; anything else is the first).
+#[derive(Deserialize, Default)]
+struct OverviewQuery {
+    page: Option<String>,
 }
 
 async fn queues_json(State(console): Shared, headers: HeaderMap) -> Response {
@@ -389,10 +402,17 @@ async fn queues_json(State(console): Shared, headers: HeaderMap) -> Response {
     answer
 }
 
-async fn overview(State(console): Shared, headers: HeaderMap) -> Response {
+async fn overview(
+    State(console): Shared,
+    headers: HeaderMap,
+    Query(query): Query<OverviewQuery>,
+) -> Response {
     let Some(session) = console.gate.session(&headers) else {
         return unauthorised();
     };
+    let at_page = (query.page.as_deref())
+        .and_then(|page| page.parse::<usize>().ok())
+        .unwrap_or(0);
     console.sample();
     let mut body = String::new();
     if session.tenant.is_some() {
@@ -407,7 +427,10 @@ async fn overview(State(console): Shared, headers: HeaderMap) -> Response {
             "<h2>Queues</h2><table id=\"queues\"><tr><th>queue</th><th>ready</th>\
              <th>delayed</th><th>in flight</th><th>depth, last 10 minutes</th></tr>",
         );
-        for (name, d) in queue_rows(&console).await {
+        let rows = queue_rows(&console).await;
+        let shown = at_page.saturating_mul(QUEUES_PER_PAGE).min(rows.len());
+        let pages = rows.len().div_ceil(QUEUES_PER_PAGE);
+        for (name, d) in rows.iter().skip(shown).take(QUEUES_PER_PAGE).cloned() {
             let cell = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
             body.push_str(&format!(
                 "<tr data-queue=\"{q}\"><td><a href=\"/letters?queue={qv}\">{q}</a></td>\
@@ -424,8 +447,25 @@ async fn overview(State(console): Shared, headers: HeaderMap) -> Response {
                 qv = query_value(name.as_str()),
             ));
         }
+        body.push_str("</table>");
+        if pages > 1 {
+            body.push_str(&format!(
+                "<p class=\"note\" id=\"queue-pages\">Queues {}&ndash;{} of {}, the busiest first.",
+                shown + 1,
+                (shown + QUEUES_PER_PAGE).min(rows.len()),
+                rows.len()
+            ));
+            if at_page > 0 {
+                let previous = (at_page - 1).min(pages - 1);
+                body.push_str(&format!(" <a href=\"/?page={previous}\">previous</a>"));
+            }
+            if at_page + 1 < pages {
+                body.push_str(&format!(" <a href=\"/?page={}\">next</a>", at_page + 1));
+            }
+            body.push_str("</p>");
+        }
         body.push_str(
-            "</table><p class=\"note\">Refreshed every 5 s, last at \
+            "<p class=\"note\">Refreshed every 5 s, last at \
              <span id=\"refreshed\">load</span>.</p>",
         );
     }

@@ -4,6 +4,8 @@
 
 mod db;
 #[cfg(feature = "queue")]
+mod depth;
+#[cfg(feature = "queue")]
 mod effects;
 #[cfg(feature = "queue")]
 mod grouped;
