@@ -113,3 +113,37 @@ test('the cron page shows the tasks and each tenant\'s freshness tier', async ()
   assert.ok(tiers.every((r) => /^\d{4}-\d\d-\d\d \d\d:00:00 UTC$/.test(r[2])), `next recomputes on the hour: ${tiers}`);
   await page.screenshot({ path: `${shots}/cron.png`, fullPage: true });
 });
+
+test('repeated wrong tokens are throttled with a 429 page, and the right one then waits too', async () => {
+  // Its own context, as if from another client behind the fixture's trusted proxy (loopback),
+  // so the throttle holds back this address only, not the other tests' sessions.
+  const context = await browser.newContext({ extraHTTPHeaders: { 'x-forwarded-for': '203.0.113.77' } });
+  const other = await context.newPage();
+  try {
+    await other.goto(`${base}/login`);
+    const statuses = [];
+    for (let i = 0; i < 6; i += 1) {
+      await other.fill('input[name="token"]', `wrong-token-${i}-0123456789`);
+      const [answer] = await Promise.all([
+        other.waitForResponse((r) => r.url() === `${base}/login` && r.request().method() === 'POST'),
+        other.click('button:has-text("Sign in")'),
+      ]);
+      statuses.push(answer.status());
+      if (answer.status() === 429) {
+        assert.ok(Number(answer.headers()['retry-after']) > 0, 'Retry-After says when');
+        break;
+      }
+    }
+    assert.deepEqual(statuses, [401, 401, 401, 401, 401, 429], 'the sixth within a minute');
+    assert.match(await other.textContent('#throttled'), /Too many failed sign-ins from this address/);
+    await other.screenshot({ path: `${shots}/throttled.png`, fullPage: true });
+    const retry = await other.request.post(`${base}/login`, {
+      form: { token },
+      headers: { origin: base },
+      maxRedirects: 0,
+    });
+    assert.equal(retry.status(), 429, 'a blocked address is refused before its token is read');
+  } finally {
+    await context.close();
+  }
+});

@@ -175,7 +175,8 @@ async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -
         Console::new(store.dead_letters(), queue.publisher.clone(), tokens)
     }
     .bulk_runs(store.bulk_runs())
-    .replay_rate(compose::console_replay_rate(config)?);
+    .replay_rate(compose::console_replay_rate(config)?)
+    .trusted_proxies(compose::console_trusted_proxies(config)?);
     if let Some(tenants) = store.tenants() {
         console = console.tenants(tenants);
     }
@@ -187,10 +188,14 @@ async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -
         .await
         .with_context(|| format!("listening on {listen}"))?;
     eprintln!("console on http://{listen}/");
-    axum::serve(listener, console.router())
-        .with_graceful_shutdown(jobs_ops::process::stop_signal())
-        .await
-        .context("serving the console")?;
+    let app = console.router();
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(jobs_ops::process::stop_signal())
+    .await
+    .context("serving the console")?;
     Ok(())
 }
 

@@ -38,10 +38,13 @@ async fn main() -> anyhow::Result<()> {
         .depth(Arc::new(queue), queues)
         .bulk_runs(Arc::new(store))
         .tenants(Arc::new(directory()?))
+        // The browser tests stand for other clients by the header, from loopback.
+        .trusted_proxies(vec![std::net::Ipv4Addr::LOCALHOST.into()])
         .router();
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("console on http://{}/", listener.local_addr()?);
-    axum::serve(listener, router).await?;
+    let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app).await?;
     Ok(())
 }
 

@@ -342,6 +342,30 @@ pub const CONSOLE_REPLAY_RATE: Key = Key {
             land on the queue at once",
 };
 
+/// The proxies whose `X-Forwarded-For` the console believes.
+pub const CONSOLE_TRUSTED_PROXIES: Key = Key {
+    name: "console.trusted_proxies",
+    flag: None,
+    env: "JOBS_CONSOLE_TRUSTED_PROXIES",
+    default: None,
+    secret: false,
+    about: "addresses of the proxies (comma-separated) whose X-Forwarded-For names the client sign-ins are throttled and logged by",
+};
+
+/// [`CONSOLE_TRUSTED_PROXIES`]: none unless set.
+pub fn console_trusted_proxies(config: &Config) -> Result<Vec<std::net::IpAddr>, ConfigError> {
+    let Some(list) = config.get(&CONSOLE_TRUSTED_PROXIES) else {
+        return Ok(vec![]);
+    };
+    (list.split(',').map(str::trim).filter(|s| !s.is_empty()))
+        .map(|s| {
+            s.parse().map_err(|_| {
+                CONSOLE_TRUSTED_PROXIES.invalid(format_args!("`{s}` is not an IP address"))
+            })
+        })
+        .collect()
+}
+
 /// [`CONSOLE_REPLAY_RATE`]: a whole number of replays a second, at least 1.
 pub fn console_replay_rate(config: &Config) -> Result<u32, ConfigError> {
     let value = config.require(&CONSOLE_REPLAY_RATE)?;
@@ -402,6 +426,7 @@ pub const KEYS: &[Key] = &[
     FAIR,
     CONSOLE_TOKENS,
     CONSOLE_REPLAY_RATE,
+    CONSOLE_TRUSTED_PROXIES,
     VERCEL_QUEUES_PUSH,
     VERCEL_QUEUES_TRUST_PUSHED,
 ];

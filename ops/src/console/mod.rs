@@ -23,15 +23,17 @@ mod bulk;
 mod cron;
 mod html;
 mod letters;
+mod throttle;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use axum::Router;
-use axum::extract::{Form, Query, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, SET_COOKIE};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{ConnectInfo, Form, Query, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, RETRY_AFTER, SET_COOKIE};
+use axum::http::{Extensions, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
@@ -75,6 +77,8 @@ pub struct Console {
     tenants: Option<Arc<dyn TenantDirectory>>,
     replay_rate: u32,
     executing: bulk::Executing,
+    throttle: throttle::Throttle,
+    trusted_proxies: Vec<IpAddr>,
 }
 
 impl Console {
@@ -97,6 +101,8 @@ impl Console {
             tenants: None,
             replay_rate: DEFAULT_REPLAY_RATE,
             executing: bulk::Executing::default(),
+            throttle: throttle::Throttle::default(),
+            trusted_proxies: vec![],
         }
     }
 
@@ -181,7 +187,38 @@ impl Console {
         self
     }
 
+    /// Takes the client's address from `X-Forwarded-For` when the connection comes from one
+    /// of `proxies` (a TLS-terminating proxy in front of the console): the address sign-ins
+    /// are throttled and logged by. Without it, or from any other peer, the peer's own.
+    pub fn trusted_proxies(mut self, proxies: Vec<IpAddr>) -> Self {
+        self.trusted_proxies = proxies;
+        self
+    }
+
+    /// The address a request comes from: the peer the listener reports
+    /// (`into_make_service_with_connect_info::<SocketAddr>`), or, from a trusted proxy, the
+    /// nearest address it forwarded that is not itself a trusted proxy.
+    fn client(&self, headers: &HeaderMap, extensions: &Extensions) -> throttle::Client {
+        let peer = extensions.get::<ConnectInfo<SocketAddr>>()?.0.ip();
+        if !self.trusted_proxies.contains(&peer) {
+            return Some(peer);
+        }
+        let forwarded = (headers.get_all("x-forwarded-for").iter())
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|hop| hop.trim().parse::<IpAddr>().ok())
+            .collect::<Vec<_>>();
+        let nearest = forwarded
+            .into_iter()
+            .rev()
+            .find(|hop| !self.trusted_proxies.contains(hop));
+        Some(nearest.unwrap_or(peer))
+    }
+
     /// The console's routes, to mount at the root of a listener (its links are absolute).
+    /// Sign-ins are throttled by client address when the listener reports it
+    /// (`into_make_service_with_connect_info::<SocketAddr>`); without it, every client
+    /// counts as one.
     pub fn router(self) -> Router {
         Router::new()
             .route("/", get(overview))
@@ -286,23 +323,62 @@ struct Login {
     token: String,
 }
 
-async fn login(State(console): Shared, headers: HeaderMap, Form(form): Form<Login>) -> Response {
+async fn login(
+    State(console): Shared,
+    headers: HeaderMap,
+    extensions: Extensions,
+    Form(form): Form<Login>,
+) -> Response {
     if !auth::same_origin(&headers) {
         return (StatusCode::FORBIDDEN, "cross-site request refused").into_response();
     }
+    let client = console.client(&headers, &extensions);
+    let shown = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
+    let now = std::time::Instant::now();
+    if let Err(wait) = console.throttle.admit(client, now) {
+        tracing::warn!(client = %shown, retry_after = ?wait, "console sign-in throttled");
+        return too_many_sign_ins(wait);
+    }
     match console.gate.sign_in(&form.token) {
         Some(id) => {
+            console.throttle.succeeded(client);
             let mut answer = redirect("/");
             if let Ok(cookie) = HeaderValue::from_str(&auth::session_cookie(&id)) {
                 answer.headers_mut().insert(SET_COOKIE, cookie);
             }
             answer
         }
-        None => {
-            tracing::warn!("console sign-in refused: unknown token");
-            unauthorised()
-        }
+        None => match console.throttle.failed(client, now) {
+            Some(wait) => {
+                tracing::warn!(client = %shown, blocked_for = ?wait, "console sign-in refused: unknown token; the address is throttled");
+                too_many_sign_ins(wait)
+            }
+            None => {
+                tracing::warn!(client = %shown, "console sign-in refused: unknown token");
+                unauthorised()
+            }
+        },
     }
+}
+
+/// The answer to a throttled sign-in: `429`, when to come back, and the sign-in form.
+fn too_many_sign_ins(wait: std::time::Duration) -> Response {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let mut answer = html_page(
+        StatusCode::TOO_MANY_REQUESTS,
+        page(
+            "Too many sign-ins",
+            None,
+            &format!(
+                "<p class=\"error\" id=\"throttled\">Too many failed sign-ins from this \
+                 address: try again in {seconds} s.</p>"
+            ),
+        ),
+    );
+    if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+        answer.headers_mut().insert(RETRY_AFTER, value);
+    }
+    answer
 }
 
 #[derive(Deserialize)]

@@ -163,6 +163,8 @@ pub(super) async fn serve(
         .route("/metrics", get(metrics))
         .with_state(probes)
         .merge(routes);
+    // The peer's address reaches the handlers: the console throttles sign-ins by it.
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let served = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     });

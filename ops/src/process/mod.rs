@@ -600,7 +600,8 @@ where
     let store: Arc<dyn DeadLetterStore> = Arc::new(opened.store.clone());
     let mut console = Console::new(store, transport.publisher.clone(), tokens)
         .bulk_runs(Arc::new(opened.store.clone()))
-        .replay_rate(compose::console_replay_rate(config)?);
+        .replay_rate(compose::console_replay_rate(config)?)
+        .trusted_proxies(compose::console_trusted_proxies(config)?);
     if let Some(tenants) = &opened.tenants {
         console = console.tenants(tenants.clone());
     }

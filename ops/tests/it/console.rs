@@ -837,3 +837,109 @@ async fn the_overview_reads_two_thousand_queues_at_once_busiest_first_a_page_at_
     pool.close().await;
     db.drop_db().await;
 }
+
+/// A console over no letters whose listener reports peers' addresses, trusting `proxies`.
+async fn throttled(proxies: Vec<std::net::IpAddr>) -> String {
+    let queue = MemoryQueue::default();
+    let tokens = vec![ConsoleToken::operator(OPERATOR).expect("a token")];
+    let router = Console::new(Arc::new(MemoryStore::default()), Arc::new(queue), tokens)
+        .trusted_proxies(proxies)
+        .router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    base
+}
+
+/// A sign-in with `token` from the local address `from`, forwarded for `forwarded` if set:
+/// its status and `Retry-After`.
+async fn sign_in_from(
+    base: &str,
+    from: &str,
+    forwarded: Option<&str>,
+    token: &str,
+) -> (StatusCode, Option<u64>, String) {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .local_address(Some(from.parse().expect("an address")))
+        .build()
+        .expect("a client");
+    let mut request = client
+        .post(format!("{base}/login"))
+        .header(ORIGIN, base)
+        .form(&[("token", token)]);
+    if let Some(forwarded) = forwarded {
+        request = request.header("x-forwarded-for", forwarded);
+    }
+    let answer = request.send().await.expect("an answer");
+    let retry_after =
+        (answer.headers().get("retry-after")).and_then(|v| v.to_str().ok()?.parse().ok());
+    (
+        answer.status(),
+        retry_after,
+        answer.text().await.expect("a body"),
+    )
+}
+
+#[tokio::test]
+async fn wrong_tokens_from_one_address_are_throttled_and_another_address_still_signs_in() {
+    let base = throttled(vec![]).await;
+    for n in 1..=5 {
+        let (status, _, _) = sign_in_from(&base, "127.0.0.1", None, "wrong-token-000000").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "failure {n}");
+    }
+    let (status, retry_after, page) =
+        sign_in_from(&base, "127.0.0.1", None, "wrong-token-000000").await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the sixth within a minute"
+    );
+    assert!(
+        retry_after.is_some_and(|s| s > 0 && s <= 60),
+        "{retry_after:?}"
+    );
+    assert!(page.contains("id=\"throttled\""), "{page}");
+    let (status, _, _) = sign_in_from(&base, "127.0.0.1", None, OPERATOR).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a blocked address is refused before its token is looked at"
+    );
+    let (status, _, _) = sign_in_from(&base, "127.0.0.2", None, OPERATOR).await;
+    assert_eq!(
+        status,
+        StatusCode::SEE_OTHER,
+        "another address signs in at once"
+    );
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_sign_ins_are_throttled_by_the_forwarded_address_only() {
+    let base = throttled(vec!["127.0.0.1".parse().expect("an address")]).await;
+    let attacker = Some("203.0.113.9, 127.0.0.1");
+    for _ in 1..=5 {
+        sign_in_from(&base, "127.0.0.1", attacker, "wrong-token-000000").await;
+    }
+    let (status, _, _) = sign_in_from(&base, "127.0.0.1", attacker, "wrong-token-000000").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let (status, _, _) = sign_in_from(&base, "127.0.0.1", Some("198.51.100.4"), OPERATOR).await;
+    assert_eq!(
+        status,
+        StatusCode::SEE_OTHER,
+        "the proxy's other clients sign in"
+    );
+    // A peer that is not a trusted proxy cannot choose its address by the header.
+    for _ in 1..=6 {
+        sign_in_from(&base, "127.0.0.3", Some("192.0.2.1"), "wrong-token-000000").await;
+    }
+    let (status, _, _) = sign_in_from(&base, "127.0.0.3", Some("192.0.2.2"), OPERATOR).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "throttled by its own address"
+    );
+}
