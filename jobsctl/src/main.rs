@@ -176,7 +176,11 @@ async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -
     }
     .bulk_runs(store.bulk_runs())
     .replay_rate(compose::console_replay_rate(config)?)
-    .trusted_proxies(compose::console_trusted_proxies(config)?);
+    .trusted_proxies(compose::console_trusted_proxies(config)?)
+    .allowed_hosts(compose::allowed_hosts(config)?);
+    if let Some(url) = compose::console_public_url(config)? {
+        console = console.public_url(url);
+    }
     if let Some(tenants) = store.tenants() {
         console = console.tenants(tenants);
     }
@@ -188,14 +192,9 @@ async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -
         .await
         .with_context(|| format!("listening on {listen}"))?;
     eprintln!("console on http://{listen}/");
-    let app = console.router();
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(jobs_ops::process::stop_signal())
-    .await
-    .context("serving the console")?;
+    let limits = jobs_ops::listen::ListenerLimits::default();
+    let stop = jobs_ops::process::stop_signal();
+    jobs_ops::listen::serve(listener, console.router(), limits, stop).await;
     Ok(())
 }
 

@@ -43,8 +43,8 @@ async fn main() -> anyhow::Result<()> {
         .router();
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("console on http://{}/", listener.local_addr()?);
-    let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    axum::serve(listener, app).await?;
+    let limits = jobs_ops::listen::ListenerLimits::default();
+    jobs_ops::listen::serve(listener, router, limits, std::future::pending()).await;
     Ok(())
 }
 

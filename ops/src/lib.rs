@@ -13,6 +13,8 @@ pub mod bulk;
 pub mod compose;
 pub mod config;
 pub mod console;
+pub mod hosts;
+pub mod listen;
 pub mod notify;
 pub mod process;
 pub mod standing;

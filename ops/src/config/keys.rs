@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use jobs_core::DecodeLimits;
 
+use crate::hosts::{AllowedHosts, PublicUrl};
+
 use super::{Config, ConfigError, DurationRange, Key};
 
 /// The store's URL.
@@ -342,6 +344,41 @@ pub const CONSOLE_REPLAY_RATE: Key = Key {
             land on the queue at once",
 };
 
+/// The host names the HTTP listeners answer besides IP literals and `localhost`.
+pub const ALLOWED_HOSTS: Key = Key {
+    name: "allowed_hosts",
+    flag: None,
+    env: "JOBS_ALLOWED_HOSTS",
+    default: None,
+    secret: false,
+    about: "host names (comma-separated, NAME or NAME:PORT) the console and a worker's endpoints answer besides IP addresses and localhost; others get 421",
+};
+
+/// [`ALLOWED_HOSTS`] as the listeners check it.
+pub fn allowed_hosts(config: &Config) -> Result<AllowedHosts, ConfigError> {
+    match config.get(&ALLOWED_HOSTS) {
+        None => Ok(AllowedHosts::new()),
+        Some(list) => AllowedHosts::parse_list(list).map_err(|e| ALLOWED_HOSTS.invalid(e)),
+    }
+}
+
+/// Where operators reach the console when it is not the listener's own address.
+pub const CONSOLE_PUBLIC_URL: Key = Key {
+    name: "console.public_url",
+    flag: None,
+    env: "JOBS_CONSOLE_PUBLIC_URL",
+    default: None,
+    secret: false,
+    about: "the console's URL behind a proxy (https://… makes its cookie Secure and __Host-); its origin is accepted on forms",
+};
+
+/// [`CONSOLE_PUBLIC_URL`], when set.
+pub fn console_public_url(config: &Config) -> Result<Option<PublicUrl>, ConfigError> {
+    (config.get(&CONSOLE_PUBLIC_URL))
+        .map(|url| PublicUrl::parse(url).map_err(|e| CONSOLE_PUBLIC_URL.invalid(e)))
+        .transpose()
+}
+
 /// The proxies whose `X-Forwarded-For` the console believes.
 pub const CONSOLE_TRUSTED_PROXIES: Key = Key {
     name: "console.trusted_proxies",
@@ -427,6 +464,8 @@ pub const KEYS: &[Key] = &[
     CONSOLE_TOKENS,
     CONSOLE_REPLAY_RATE,
     CONSOLE_TRUSTED_PROXIES,
+    CONSOLE_PUBLIC_URL,
+    ALLOWED_HOSTS,
     VERCEL_QUEUES_PUSH,
     VERCEL_QUEUES_TRUST_PUSHED,
 ];

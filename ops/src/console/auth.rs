@@ -12,8 +12,13 @@ use axum::http::HeaderMap;
 use axum::http::header::{COOKIE, HOST, ORIGIN};
 use jobs_core::TenantId;
 
-/// The session cookie's name.
+use crate::hosts::{AllowedHosts, PublicUrl};
+
+/// The session cookie's name over plain http.
 pub(crate) const COOKIE_NAME: &str = "jobs_console";
+/// Its name when the console is reached over https: the prefix makes browsers refuse it
+/// unless it is `Secure`, for the whole host (`Path=/`, no `Domain`).
+pub(crate) const SECURE_COOKIE_NAME: &str = "__Host-jobs_console";
 
 /// How long a session lasts after sign-in.
 const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
@@ -148,6 +153,8 @@ pub(crate) struct Session {
 /// The tokens and the live sessions.
 pub(crate) struct Gate {
     tokens: Vec<ConsoleToken>,
+    /// Where operators reach the console, when not at the listener's own address.
+    public: Option<PublicUrl>,
     /// No sign-in at all: for a console on a loopback address, asked for explicitly.
     open: Option<Session>,
     sessions: Mutex<HashMap<String, Session>>,
@@ -157,14 +164,77 @@ impl Gate {
     pub(crate) fn new(tokens: Vec<ConsoleToken>) -> Self {
         Gate {
             tokens,
+            public: None,
             open: None,
             sessions: Mutex::default(),
         }
     }
 
+    /// Makes this the gate of a console reached at `public`.
+    pub(crate) fn reached_at(&mut self, public: PublicUrl) {
+        self.public = Some(public);
+    }
+
+    fn secure(&self) -> bool {
+        self.public.as_ref().is_some_and(PublicUrl::secure)
+    }
+
+    fn cookie_name(&self) -> &'static str {
+        if self.secure() {
+            SECURE_COOKIE_NAME
+        } else {
+            COOKIE_NAME
+        }
+    }
+
+    /// The Set-Cookie value of session `id`: `Secure` and `__Host-` over https.
+    pub(crate) fn session_cookie(&self, id: &str) -> String {
+        let secure = if self.secure() { "; Secure" } else { "" };
+        format!(
+            "{}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{secure}",
+            self.cookie_name(),
+            SESSION_LIFETIME.as_secs()
+        )
+    }
+
+    /// The Set-Cookie value that ends the session.
+    pub(crate) fn cleared_cookie(&self) -> String {
+        let secure = if self.secure() { "; Secure" } else { "" };
+        format!(
+            "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0{secure}",
+            self.cookie_name()
+        )
+    }
+
+    /// Whether a state-changing request comes from the console's own pages: `Sec-Fetch-Site`,
+    /// when sent, does not say cross-site, and `Origin` (which browsers send on every POST)
+    /// is an allowed origin: the public URL's, or `http://` with a `Host` that `hosts`
+    /// allows and the request was sent to. Scheme, host and port are all compared, so
+    /// `https://127.0.0.1:PORT` is no origin of an http listener. A request with neither
+    /// header is no browser's, and the form's token still has to match.
+    pub(crate) fn same_origin(&self, headers: &HeaderMap, hosts: &AllowedHosts) -> bool {
+        let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+        if matches!(fetch_site, Some("cross-site" | "same-site")) {
+            return false;
+        }
+        let Some(origin) = headers.get(ORIGIN).and_then(|v| v.to_str().ok()) else {
+            return true;
+        };
+        let origin = origin.to_ascii_lowercase();
+        if self.public.as_ref().is_some_and(|p| p.origin() == origin) {
+            return true;
+        }
+        let Some(host) = headers.get(HOST).and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        origin.strip_prefix("http://") == Some(host.to_ascii_lowercase().as_str())
+            && hosts.allows(host)
+    }
+
     pub(crate) fn open() -> Self {
         Gate {
             tokens: vec![],
+            public: None,
             open: Some(Session {
                 tenant: None,
                 name: None,
@@ -207,7 +277,7 @@ impl Gate {
     }
 
     pub(crate) fn sign_out(&self, headers: &HeaderMap) {
-        if let Some(id) = cookie(headers) {
+        if let Some(id) = cookie(headers, self.cookie_name()) {
             self.lock().remove(&id);
         }
     }
@@ -217,7 +287,7 @@ impl Gate {
         if let Some(open) = &self.open {
             return Some(open.clone());
         }
-        let id = cookie(headers)?;
+        let id = cookie(headers, self.cookie_name())?;
         let sessions = self.lock();
         sessions
             .get(&id)
@@ -226,50 +296,16 @@ impl Gate {
     }
 }
 
-/// The session cookie's value in `headers`.
-fn cookie(headers: &HeaderMap) -> Option<String> {
+/// The value of the cookie `cookie_name` in `headers`.
+fn cookie(headers: &HeaderMap, cookie_name: &str) -> Option<String> {
     headers
         .get_all(COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE_NAME)
+        .find(|(name, _)| *name == cookie_name)
         .map(|(_, value)| value.to_owned())
-}
-
-/// Whether a state-changing request comes from the console's own pages: its `Origin` (which
-/// browsers send on every POST) names the host it was sent to, and `Sec-Fetch-Site`, when
-/// sent, does not say cross-site. A request with neither header is no browser's, and the
-/// form's token still has to match.
-pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
-    let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
-    if matches!(fetch_site, Some("cross-site" | "same-site")) {
-        return false;
-    }
-    let Some(origin) = headers.get(ORIGIN).and_then(|v| v.to_str().ok()) else {
-        return true;
-    };
-    let Some(host) = headers.get(HOST).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let authority = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"));
-    authority == Some(host)
-}
-
-/// The Set-Cookie value of session `id`.
-pub(crate) fn session_cookie(id: &str) -> String {
-    format!(
-        "{COOKIE_NAME}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-        SESSION_LIFETIME.as_secs()
-    )
-}
-
-/// The Set-Cookie value that ends the session.
-pub(crate) fn cleared_cookie() -> String {
-    format!("{COOKIE_NAME}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")
 }
 
 /// Whether `a` and `b` are equal, in time that depends on their lengths only.
@@ -344,19 +380,76 @@ mod tests {
 
     #[test]
     fn a_cross_site_post_is_refused() {
-        let mut headers = HeaderMap::new();
-        headers.insert(HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        let (gate, hosts) = (Gate::new(vec![]), AllowedHosts::new());
+        let same = |origin: Option<&'static str>, host: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(HOST, HeaderValue::from_static(host));
+            if let Some(origin) = origin {
+                headers.insert(ORIGIN, HeaderValue::from_static(origin));
+            }
+            gate.same_origin(&headers, &hosts)
+        };
         assert!(
-            same_origin(&headers),
+            same(None, "127.0.0.1:8080"),
             "no browser headers: the token decides"
         );
-        headers.insert(ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
-        assert!(same_origin(&headers));
-        headers.insert(ORIGIN, HeaderValue::from_static("https://evil.example"));
-        assert!(!same_origin(&headers));
+        assert!(same(Some("http://127.0.0.1:8080"), "127.0.0.1:8080"));
+        assert!(!same(Some("https://evil.example"), "127.0.0.1:8080"));
+        assert!(
+            !same(Some("https://127.0.0.1:8080"), "127.0.0.1:8080"),
+            "the scheme counts"
+        );
+        assert!(
+            !same(Some("http://127.0.0.1:8081"), "127.0.0.1:8080"),
+            "the port counts"
+        );
+        assert!(
+            !same(
+                Some("http://rebind.evil.example:8080"),
+                "rebind.evil.example:8080"
+            ),
+            "a Host that is not allowed makes no origin"
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert(HOST, HeaderValue::from_static("127.0.0.1:8080"));
         headers.insert(ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
         headers.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
-        assert!(!same_origin(&headers));
+        assert!(!gate.same_origin(&headers, &hosts));
+    }
+
+    #[test]
+    fn behind_tls_the_public_origin_is_allowed_and_the_cookie_is_secure_and_host_prefixed() {
+        let public = PublicUrl::parse("HTTPS://Jobs.Example.com:443/console").expect("a URL");
+        let mut gate = Gate::new(vec![]);
+        gate.reached_at(public);
+        let mut headers = HeaderMap::new();
+        headers.insert(HOST, HeaderValue::from_static("10.0.0.5:9464"));
+        headers.insert(ORIGIN, HeaderValue::from_static("https://jobs.example.com"));
+        assert!(gate.same_origin(&headers, &AllowedHosts::new()));
+        headers.insert(ORIGIN, HeaderValue::from_static("http://jobs.example.com"));
+        assert!(
+            !gate.same_origin(&headers, &AllowedHosts::new()),
+            "not over http"
+        );
+        let cookie = gate.session_cookie("abc");
+        assert!(
+            cookie.starts_with("__Host-jobs_console=abc;") && cookie.ends_with("; Secure"),
+            "{cookie}"
+        );
+        assert!(gate.cleared_cookie().contains("Secure"));
+        let plain = Gate::new(vec![]).session_cookie("abc");
+        assert!(
+            plain.starts_with("jobs_console=abc;") && !plain.contains("Secure"),
+            "{plain}"
+        );
+        for bad in [
+            "ftp://x",
+            "jobs.example.com",
+            "https://",
+            "https://user@host",
+        ] {
+            assert!(PublicUrl::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

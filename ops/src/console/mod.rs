@@ -48,6 +48,8 @@ use serde_json::json;
 use crate::bulk::Resolver;
 
 pub use auth::{ConsoleToken, MIN_SECRET_LEN};
+
+use crate::hosts::{AllowedHosts, PublicUrl};
 use auth::{Gate, Session};
 use html::{escape, page, query_value};
 
@@ -79,6 +81,7 @@ pub struct Console {
     executing: bulk::Executing,
     throttle: throttle::Throttle,
     trusted_proxies: Vec<IpAddr>,
+    hosts: AllowedHosts,
 }
 
 impl Console {
@@ -103,6 +106,7 @@ impl Console {
             executing: bulk::Executing::default(),
             throttle: throttle::Throttle::default(),
             trusted_proxies: vec![],
+            hosts: AllowedHosts::new(),
         }
     }
 
@@ -187,6 +191,23 @@ impl Console {
         self
     }
 
+    /// Answers requests whose `Host` is one of `hosts` besides IP literals and `localhost`
+    /// (the console's names behind a proxy, say); any other gets `421` before a page runs, so
+    /// a page on another site cannot reach the console by DNS rebinding
+    /// ([`AllowedHosts`](crate::hosts::AllowedHosts)).
+    pub fn allowed_hosts(mut self, hosts: AllowedHosts) -> Self {
+        self.hosts = hosts;
+        self
+    }
+
+    /// Tells the console where operators reach it when that is not the listener's own
+    /// address (behind a TLS-terminating proxy): its origin is accepted on forms, and an
+    /// https one makes the session cookie `Secure` with the `__Host-` prefix.
+    pub fn public_url(mut self, url: PublicUrl) -> Self {
+        self.gate.reached_at(url);
+        self
+    }
+
     /// Takes the client's address from `X-Forwarded-For` when the connection comes from one
     /// of `proxies` (a TLS-terminating proxy in front of the console): the address sign-ins
     /// are throttled and logged by. Without it, or from any other peer, the peer's own.
@@ -220,7 +241,7 @@ impl Console {
     /// (`into_make_service_with_connect_info::<SocketAddr>`); without it, every client
     /// counts as one.
     pub fn router(self) -> Router {
-        Router::new()
+        let router = Router::new()
             .route("/", get(overview))
             .route("/login", get(login_form).post(login))
             .route("/logout", post(logout))
@@ -236,8 +257,9 @@ impl Console {
             .route("/runs/{id}/resume", post(bulk::resume))
             .route("/cron", get(cron::cron))
             .route("/assets/console.css", get(css))
-            .route("/assets/console.js", get(js))
-            .with_state(Arc::new(self))
+            .route("/assets/console.js", get(js));
+        let hosts = self.hosts.clone();
+        hosts.guard(router.with_state(Arc::new(self)))
     }
 }
 
@@ -329,7 +351,7 @@ async fn login(
     extensions: Extensions,
     Form(form): Form<Login>,
 ) -> Response {
-    if !auth::same_origin(&headers) {
+    if !console.gate.same_origin(&headers, &console.hosts) {
         return (StatusCode::FORBIDDEN, "cross-site request refused").into_response();
     }
     let client = console.client(&headers, &extensions);
@@ -343,7 +365,7 @@ async fn login(
         Some(id) => {
             console.throttle.succeeded(client);
             let mut answer = redirect("/");
-            if let Ok(cookie) = HeaderValue::from_str(&auth::session_cookie(&id)) {
+            if let Ok(cookie) = HeaderValue::from_str(&console.gate.session_cookie(&id)) {
                 answer.headers_mut().insert(SET_COOKIE, cookie);
             }
             answer
@@ -395,7 +417,7 @@ fn authorised_post(
     let Some(session) = console.gate.session(headers) else {
         return Err(Box::new(unauthorised()));
     };
-    if !auth::same_origin(headers)
+    if !console.gate.same_origin(headers, &console.hosts)
         || !auth::constant_time_eq(session.csrf.as_bytes(), csrf.as_bytes())
     {
         return Err(Box::new(problem(
@@ -413,7 +435,7 @@ async fn logout(State(console): Shared, headers: HeaderMap, Form(form): Form<Csr
     }
     console.gate.sign_out(&headers);
     let mut answer = redirect("/login");
-    if let Ok(cookie) = HeaderValue::from_str(&auth::cleared_cookie()) {
+    if let Ok(cookie) = HeaderValue::from_str(&console.gate.cleared_cookie()) {
         answer.headers_mut().insert(SET_COOKIE, cookie);
     }
     answer

@@ -16,6 +16,9 @@ use jobs_core::{QueueDepth, QueueName, WorkStore};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::sync::watch;
 
+use crate::hosts::AllowedHosts;
+use crate::listen::ListenerLimits;
+
 /// How often the background check behind `/readyz` asks the store and the queue.
 pub const READINESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -153,6 +156,7 @@ pub(super) async fn check_readiness(
 /// `stopped` turns true.
 pub(super) async fn serve(
     listener: tokio::net::TcpListener,
+    hosts: AllowedHosts,
     probes: Arc<Probes>,
     routes: Router,
     mut stopped: watch::Receiver<bool>,
@@ -163,14 +167,12 @@ pub(super) async fn serve(
         .route("/metrics", get(metrics))
         .with_state(probes)
         .merge(routes);
-    // The peer's address reaches the handlers: the console throttles sign-ins by it.
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    let served = axum::serve(listener, app).with_graceful_shutdown(async move {
+    // Every route, the push transports' and the console's among them, answers only its hosts.
+    let app = hosts.guard(app);
+    let stop = async move {
         let _ = stopped.wait_for(|stop| *stop).await;
-    });
-    if let Err(e) = served.await {
-        tracing::error!(error = %e, "the HTTP endpoints failed");
-    }
+    };
+    crate::listen::serve(listener, app, ListenerLimits::default(), stop).await;
 }
 
 fn answer(result: Result<(), String>, ok: &'static str) -> (StatusCode, String) {

@@ -463,6 +463,7 @@ where
         let (server_stop, server_stopped) = watch::channel(false);
         let server = tokio::spawn(endpoints::serve(
             listener,
+            compose::allowed_hosts(&config)?,
             probes.clone(),
             routes,
             server_stopped,
@@ -601,7 +602,11 @@ where
     let mut console = Console::new(store, transport.publisher.clone(), tokens)
         .bulk_runs(Arc::new(opened.store.clone()))
         .replay_rate(compose::console_replay_rate(config)?)
-        .trusted_proxies(compose::console_trusted_proxies(config)?);
+        .trusted_proxies(compose::console_trusted_proxies(config)?)
+        .allowed_hosts(compose::allowed_hosts(config)?);
+    if let Some(url) = compose::console_public_url(config)? {
+        console = console.public_url(url);
+    }
     if let Some(tenants) = &opened.tenants {
         console = console.tenants(tenants.clone());
     }

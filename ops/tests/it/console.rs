@@ -396,7 +396,131 @@ async fn a_cross_site_post_or_a_missing_form_token_changes_nothing() {
         .await
         .expect("an answer");
     assert_eq!(login_elsewhere.status(), StatusCode::FORBIDDEN);
+    // The listener is http: an https origin of the same address is another origin.
+    let status = s
+        .post(
+            &cookie,
+            &page,
+            &format!("{page}/discard"),
+            &s.base.replacen("http://", "https://", 1),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "the scheme is compared");
     assert_eq!(s.status(id).await, DeadLetterStatus::PendingReview);
+}
+
+/// `request` sent as a page on another site would, after DNS rebinding, send it to `s`: its
+/// own name in `Host` and `Origin`.
+fn rebound(s: &Served, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    let port = s.base.rsplit(':').next().expect("a port");
+    let evil = format!("rebind.evil.example:{port}");
+    request
+        .header(reqwest::header::HOST, &evil)
+        .header(ORIGIN, format!("http://{evil}"))
+}
+
+#[tokio::test]
+async fn a_request_for_another_host_is_refused_before_any_page_even_with_a_session() {
+    let s = serve().await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let id = s.ids[1];
+    let page = format!("/letters/{id}");
+    let (_, body) = s.get(Some(&cookie), &page).await;
+    let csrf = csrf_of(&body);
+    let discard = s
+        .client
+        .post(format!("{}{page}/discard", s.base))
+        .header(COOKIE, &cookie)
+        .form(&[("csrf", csrf.as_str())]);
+    let answer = rebound(&s, discard).send().await.expect("an answer");
+    assert_eq!(answer.status(), StatusCode::MISDIRECTED_REQUEST);
+    let overview = rebound(
+        &s,
+        s.client.get(format!("{}/", s.base)).header(COOKIE, &cookie),
+    );
+    let answer = overview.send().await.expect("an answer");
+    assert_eq!(answer.status(), StatusCode::MISDIRECTED_REQUEST);
+    let login = rebound(
+        &s,
+        s.client
+            .post(format!("{}/login", s.base))
+            .form(&[("token", OPERATOR)]),
+    );
+    let answer = login.send().await.expect("an answer");
+    assert_eq!(answer.status(), StatusCode::MISDIRECTED_REQUEST);
+    assert!(
+        answer.headers().get(SET_COOKIE).is_none(),
+        "no session for another host"
+    );
+    assert_eq!(
+        s.status(id).await,
+        DeadLetterStatus::PendingReview,
+        "nothing changed"
+    );
+    // `localhost` and the address itself are answered.
+    let local = s.client.get(format!("{}/", s.base)).header(COOKIE, &cookie);
+    let port = s.base.rsplit(':').next().expect("a port");
+    let answer = local
+        .header(reqwest::header::HOST, format!("localhost:{port}"))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn without_sign_in_a_rebound_page_gets_neither_a_page_nor_a_discard() {
+    let store = MemoryStore::default();
+    let queue = MemoryQueue::default();
+    let id = store
+        .record(NewDeadLetter {
+            job_id: None,
+            queue: queue_name(),
+            consumer: None,
+            tenant_id: None,
+            kind: None,
+            correlation_id: None,
+            payload: b"{}".to_vec(),
+            attempts: 1,
+            last_error: "x".to_owned(),
+            dedup_key: None,
+            at: SystemTime::now(),
+        })
+        .await
+        .expect("recorded")
+        .id();
+    let router =
+        Console::without_sign_in(Arc::new(store.clone()), Arc::new(queue.clone())).router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let s = Served {
+        base,
+        store,
+        queue,
+        client: reqwest::Client::new(),
+        ids: vec![id],
+    };
+    let page = rebound(&s, s.client.get(format!("{}/letters/{id}", s.base)));
+    assert_eq!(
+        page.send().await.expect("an answer").status(),
+        StatusCode::MISDIRECTED_REQUEST
+    );
+    let (status, body) = s.get(None, &format!("/letters/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "its own address is served");
+    let discard = s
+        .client
+        .post(format!("{}/letters/{id}/discard", s.base))
+        .form(&[("csrf", csrf_of(&body))]);
+    let answer = rebound(&s, discard).send().await.expect("an answer");
+    assert_eq!(answer.status(), StatusCode::MISDIRECTED_REQUEST);
+    assert_eq!(
+        s.status(id).await,
+        DeadLetterStatus::PendingReview,
+        "nothing discarded"
+    );
 }
 
 #[tokio::test]

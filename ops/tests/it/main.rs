@@ -6,6 +6,7 @@ mod cleanup;
 mod console;
 mod crash;
 mod grouped;
+mod listen;
 mod model;
 mod oversized;
 mod pg;

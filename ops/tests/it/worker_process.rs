@@ -130,6 +130,19 @@ async fn the_readme_worker_processes_its_jobs_once_answers_probes_and_stops_on_s
         get(port, "/healthz").await,
         Some((200, "alive\n".to_owned()))
     );
+    let mut rebound = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nHost: rebind.evil.example:{port}\r\nConnection: close\r\n\r\n"
+    );
+    rebound.write_all(head.as_bytes()).await.expect("write");
+    let mut answer = String::new();
+    rebound.read_to_string(&mut answer).await.expect("read");
+    assert!(
+        answer.starts_with("HTTP/1.1 421"),
+        "another host is refused: {answer}"
+    );
     let (status, metrics) = get(port, "/metrics").await.expect("metrics answer");
     assert_eq!(status, 200);
     assert!(
