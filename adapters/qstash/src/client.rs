@@ -596,6 +596,30 @@ impl QueuePort for QStashQueue {
     }
 }
 
+impl QStashQueue {
+    /// Whether QStash answers an authenticated call (`GET /v2/queues`), whatever the
+    /// destinations: what a worker's readiness means on QStash, which reports depth only for
+    /// its own queues. `Rejected` for a token QStash refuses, `Unavailable` when it does not
+    /// answer.
+    pub async fn ping(&self) -> Result<(), QueueError> {
+        let any: QueueName = "qstash".parse().expect("a valid name");
+        let response = self
+            .http
+            .get(self.url("/v2/queues"))
+            .header(AUTHORIZATION, self.auth.clone())
+            .send()
+            .await
+            .map_err(|e| unavailable(&any, e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let retry_after = retry_after(response.headers());
+        let text = response.text().await.unwrap_or_default();
+        Err(status_error(&any, status, retry_after, &text))
+    }
+}
+
 #[async_trait]
 impl QueueDepth for QStashQueue {
     /// `lag` of the queue's QStash queue as `ready` (QStash does not split delayed from ready

@@ -120,6 +120,7 @@ impl Probes {
 pub(super) async fn check_readiness(
     probes: Arc<Probes>,
     ping: Ping,
+    transport: Option<Ping>,
     depth: Option<Arc<dyn QueueDepth>>,
     queue: QueueName,
     mut stopped: watch::Receiver<bool>,
@@ -127,7 +128,9 @@ pub(super) async fn check_readiness(
     loop {
         let check = async {
             ping().await?;
-            if let Some(depth) = &depth {
+            if let Some(transport) = &transport {
+                transport().await?;
+            } else if let Some(depth) = &depth {
                 depth
                     .depth(&queue)
                     .await

@@ -194,6 +194,8 @@ struct Transport<S: WorkStore> {
     builder: Builders<S>,
     publisher: Arc<dyn QueuePort>,
     depth: Option<Arc<dyn QueueDepth>>,
+    /// Whether the transport answers, when its depth is not how to ask.
+    ready: Option<endpoints::Ping>,
     /// What the workers consume, for the start line.
     transport: String,
     push: Option<Routes>,
@@ -239,6 +241,7 @@ where
         settle,
         transport,
         routes,
+        ready,
     }) = push::push(config, &queue)?
     {
         return Ok(Transport {
@@ -248,6 +251,7 @@ where
             transport,
             publisher: queue.publisher,
             depth: queue.depth,
+            ready,
             push: Some(routes),
         });
     }
@@ -273,6 +277,7 @@ where
         transport: format!("{}: (per job)", queue.scheme),
         publisher: queue.publisher,
         depth: queue.depth,
+        ready: None,
         push: None,
     })
 }
@@ -455,6 +460,7 @@ where
         let checks = tokio::spawn(endpoints::check_readiness(
             probes.clone(),
             opened.ping,
+            transport.ready.take(),
             transport.depth.clone(),
             workers[0].queue().clone(),
             stopped.clone(),

@@ -93,6 +93,7 @@ async fn grouped(
         transport: "the PostgreSQL queue in the store's database (grouped)".to_owned(),
         publisher: queue.clone(),
         depth: Some(queue),
+        ready: None,
         push: None,
     })
 }

@@ -15,6 +15,7 @@ use jobs_consumers::Outcome;
 use jobs_core::{Delivery, QueueName, SettlePort};
 
 use super::ProcessError;
+use super::endpoints::Ping;
 use crate::compose::{Config, Queue};
 
 #[cfg(feature = "qstash")]
@@ -46,6 +47,9 @@ pub(super) struct Push {
     pub(super) transport: String,
     /// The routes, once the workers are built.
     pub(super) routes: Routes,
+    /// Whether the transport answers, for `/readyz`, when its depth cannot tell (QStash
+    /// reports depth only for its own queues).
+    pub(super) ready: Option<Ping>,
 }
 
 /// Makes the routes that run each served queue's deliveries.

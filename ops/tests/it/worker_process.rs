@@ -512,8 +512,51 @@ async fn a_qstash_process_runs_what_qstash_delivers_to_its_routes_and_nothing_fo
         get(port, "/healthz").await,
         Some((200, "alive\n".to_owned()))
     );
+    // A plain destination (no QStash queue) reports no depth, and the process is ready
+    // because QStash answered an authenticated call.
+    let ready = eventually("/readyz on a plain QStash destination", async || {
+        get(port, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    assert_eq!(ready.1, "ready\n");
     process.stop().await;
     pool.close().await;
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qstash_process_whose_token_qstash_refuses_is_not_ready() {
+    let fake = jobs_testkit::fakes::qstash::FakeQStash::start()
+        .await
+        .expect("the fake starts");
+    let (db, _pool) = TestDb::migrated().await;
+    let port = free_port();
+    let destination = format!("http://127.0.0.1:{port}/qstash/{{queue}}");
+    let process = counting(
+        &db,
+        port,
+        &[
+            ("JOBS_QUEUE_URL", "qstash:"),
+            ("QSTASH_TOKEN", "not-the-token"),
+            ("QSTASH_URL", fake.base_url()),
+            ("QSTASH_DESTINATION", &destination),
+            ("QSTASH_CURRENT_SIGNING_KEY", fake.current_signing_key()),
+            ("QSTASH_NEXT_SIGNING_KEY", fake.next_signing_key()),
+        ],
+        &Counted::default(),
+    )
+    .await;
+    let (status, why) = eventually("/readyz has checked", async || {
+        get(port, "/readyz")
+            .await
+            .filter(|(_, why)| !why.contains("not checked yet"))
+    })
+    .await;
+    assert_eq!(status, 503, "{why}");
+    assert!(why.contains("QStash does not answer"), "{why}");
+    process.stop().await;
     db.drop_db().await;
 }
 

@@ -13,6 +13,7 @@ use jobs_consumers::Outcome;
 
 use super::{Push, Routes, Run};
 use crate::compose::{self, Config, QSTASH_DESTINATION, Queue};
+use crate::process::endpoints::Ping;
 use crate::process::{ProcessError, refused};
 
 /// The push side of a `qstash:` queue.
@@ -21,6 +22,13 @@ pub(super) fn serve(config: &Config, queue: &Queue) -> Result<Option<Push>, Proc
         return Ok(None);
     }
     let publisher = compose::qstash_queue(config)?;
+    let pinged = publisher.clone();
+    let ready: Ping = Box::new(move || {
+        let qstash = pinged.clone();
+        Box::pin(async move {
+            (qstash.ping().await).map_err(|e| format!("QStash does not answer: {e}"))
+        })
+    });
     let keys = compose::qstash_signing_keys(config)?;
     let consumer = Arc::new(PushConsumer::default());
     let settle = consumer.clone();
@@ -59,6 +67,7 @@ pub(super) fn serve(config: &Config, queue: &Queue) -> Result<Option<Push>, Proc
         settle,
         transport: "qstash: (pushed to this process's routes)".to_owned(),
         routes,
+        ready: Some(ready),
     }))
 }
 

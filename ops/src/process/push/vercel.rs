@@ -41,6 +41,7 @@ pub(super) fn serve(config: &Config, queue: &Queue) -> Result<Option<Push>, Proc
         settle: consumer,
         transport: format!("vercel-queues: (callbacks on POST {VERCEL_CALLBACK_PATH})"),
         routes,
+        ready: None,
     }))
 }
 
