@@ -194,7 +194,7 @@ impl Console {
     /// Answers requests whose `Host` is one of `hosts` besides IP literals and `localhost`
     /// (the console's names behind a proxy, say); any other gets `421` before a page runs, so
     /// a page on another site cannot reach the console by DNS rebinding
-    /// ([`AllowedHosts`](crate::hosts::AllowedHosts)).
+    /// ([`AllowedHosts`]).
     pub fn allowed_hosts(mut self, hosts: AllowedHosts) -> Self {
         self.hosts = hosts;
         self
