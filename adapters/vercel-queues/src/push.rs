@@ -230,6 +230,15 @@ impl VercelQueues {
             message_id,
             pushed,
         } = callback;
+        // A callback for another consumer group would take its message from that group's own
+        // consumers: refused before any call to Vercel.
+        let ours = &self.config().consumer_group;
+        if consumer_group != *ours {
+            tracing::warn!(%queue, %message_id, group = %consumer_group, "a callback named another consumer group; refused");
+            return Ok(PushTake::Skipped(PushReply::BadRequest(format!(
+                "this process consumes as consumer group `{ours}`, not `{consumer_group}`"
+            ))));
+        }
         if let Some(p) = pushed {
             let attempt =
                 crate::attempts_spent(p.content_type.as_deref()) + p.delivery_count.max(1);
@@ -304,9 +313,10 @@ impl VercelQueues {
             .map(PushTake::Delivery)
     }
 
-    /// Handles one callback end to end: parses it, takes its delivery, lets `process` run it
-    /// through the runtime (returning whether the runtime settled it), and says what to
-    /// answer.
+    /// Handles one callback end to end: parses it, refuses one naming another consumer group
+    /// than this adapter's (400, before any call to Vercel), takes its delivery within
+    /// [`TAKE_WITHIN`] (else 500: Vercel delivers again), lets `process` run it through the
+    /// runtime (returning whether the runtime settled it), and says what to answer.
     ///
     /// ```no_run
     /// # async fn route(queues: jobs_adapter_vercel_queues::VercelQueues,
@@ -336,7 +346,14 @@ impl VercelQueues {
             Err(e) => return PushReply::BadRequest(e.to_string()),
         };
         let message_id = callback.message_id.clone();
-        match self.take_push(callback).await {
+        // However Vercel answers (or not), taking the message costs at most this long: its
+        // retries are cut off with it, and Vercel delivers again after the lease.
+        let taken = tokio::time::timeout(TAKE_WITHIN, self.take_push(callback)).await;
+        let Ok(taken) = taken else {
+            tracing::warn!(%message_id, within = ?TAKE_WITHIN, "Vercel did not confirm a pushed message in time");
+            return PushReply::Failed;
+        };
+        match taken {
             Ok(PushTake::Delivery(delivery)) => {
                 if process(delivery).await {
                     PushReply::Success
@@ -352,6 +369,10 @@ impl VercelQueues {
         }
     }
 }
+
+/// The longest a callback waits for Vercel to confirm or hand over its message, retries
+/// included: a callback Vercel does not answer holds its connection this long, not minutes.
+pub const TAKE_WITHIN: Duration = Duration::from_secs(10);
 
 /// `YYYY-MM-DDTHH:MM:SS[.fraction]Z`, the form Vercel writes its timestamps in.
 fn parse_utc(text: &str) -> Option<SystemTime> {

@@ -408,3 +408,66 @@ async fn a_callback_whose_runtime_could_not_settle_answers_500() {
     assert_eq!(answer.status, 500);
     assert!(answer.body.contains("Failed to process queue message"));
 }
+
+#[tokio::test]
+async fn a_callback_naming_another_consumer_group_is_refused_before_calling_vercel() {
+    let fake = FakeVercelQueues::start().await;
+    let vercel = on(&fake);
+    let url = serve(vercel.clone()).await;
+    let topic = topic_of(&queue());
+    publish_one(&vercel, 1).await.unwrap();
+    let before = fake.requests().len();
+    let forged = fake
+        .push_next(&url, &topic, "billing-audit", false)
+        .await
+        .unwrap();
+    assert_eq!(forged.status, 400, "{}", forged.body);
+    assert!(forged.body.contains("billing-audit"), "{}", forged.body);
+    assert_eq!(fake.requests().len(), before, "no call reached Vercel");
+    // The message is still there for the group's own consumers.
+    let theirs = VercelQueues::new(
+        config(&fake, StaticToken::new(fake.token()))
+            .consumer_group("billing-audit")
+            .unwrap(),
+    )
+    .unwrap();
+    let got = theirs
+        .receive(&queue(), 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1, "still receivable in its own group");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_callback_vercel_does_not_answer_gives_up_within_its_deadline() {
+    let fake = FakeVercelQueues::start().await;
+    let vercel = on(&fake);
+    publish_one(&vercel, 1).await.unwrap();
+    // Every answer from now on comes after an hour.
+    fake.delay_next(100, Duration::from_secs(3_600));
+    let headers = {
+        let mut h = HeaderMap::new();
+        for (name, value) in [
+            ("ce-type", "com.vercel.queue.v2beta"),
+            ("ce-vqsqueuename", topic_of(&queue()).as_str()),
+            ("ce-vqsconsumergroup", "workers"),
+            ("ce-vqsmessageid", "0-1"),
+        ] {
+            h.insert(
+                axum::http::HeaderName::from_static(name),
+                axum::http::HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        h
+    };
+    let started = tokio::time::Instant::now();
+    let reply = vercel
+        .handle_push(&headers, vec![], |_| async { true })
+        .await;
+    assert_eq!(reply, jobs_adapter_vercel_queues::push::PushReply::Failed);
+    assert!(
+        started.elapsed() <= jobs_adapter_vercel_queues::push::TAKE_WITHIN + Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -12,7 +12,9 @@ use jobs_adapter_vercel_queues::push::{PushCallback, PushReply};
 use jobs_consumers::Outcome;
 
 use super::{Push, Routes, Served, VERCEL_CALLBACK_PATH};
-use crate::compose::{self, Config, QUEUE_URL, Queue, VERCEL_QUEUES_PUSH};
+use crate::compose::{
+    self, Config, QUEUE_URL, Queue, VERCEL_QUEUES_PUSH, VERCEL_QUEUES_TRUST_PUSHED,
+};
 use crate::process::{ProcessError, refused};
 
 /// The push side of a `vercel-queues://` queue, when [`VERCEL_QUEUES_PUSH`] is on.
@@ -21,6 +23,14 @@ pub(super) fn serve(config: &Config, queue: &Queue) -> Result<Option<Push>, Proc
         return Ok(None);
     }
     let vercel = compose::vercel_queues_of(config)?;
+    if config.switch(&VERCEL_QUEUES_TRUST_PUSHED)? {
+        tracing::warn!(
+            route = VERCEL_CALLBACK_PATH,
+            "VERCEL_QUEUES_TRUST_PUSHED_PAYLOAD is on: pushed payloads run without their receipt \
+             handle being confirmed, so anyone who can reach the route can run a job; keep it \
+             on a route only the platform can reach"
+        );
+    }
     // Settled through the composed transport, so a depth count sees the acks.
     let Some(consumer) = queue.consumer.clone() else {
         return Err(refused(&QUEUE_URL, "names no Vercel Queues consumer"));
