@@ -13,10 +13,29 @@ pub(crate) fn escape(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            c if hidden(c) => {
+                let _ = write!(out, "[U+{:04X}]", u32::from(c));
+            }
             c => out.push(c),
         }
     }
     out
+}
+
+/// Whether `c` would change or hide what is around it instead of showing itself: control
+/// characters but the line break and the tab, bidirectional overrides and isolates (a
+/// `U+202E` in an error would make it read backwards), zero-width characters and line
+/// separators. [`escape`] shows them as `[U+XXXX]`.
+fn hidden(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t')
+        || matches!(
+            c,
+            '\u{061C}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
 }
 
 /// `text` as a query-string value.
@@ -225,6 +244,16 @@ mod tests {
             escape("<script>alert('x')</script> & \"q\""),
             "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;"
         );
+    }
+
+    #[test]
+    fn control_and_bidi_characters_are_shown_not_obeyed() {
+        assert_eq!(
+            escape("paid\u{202E}dias\u{0007} ok\u{200B}!\nnext\tcol"),
+            "paid[U+202E]dias[U+0007] ok[U+200B]!\nnext\tcol"
+        );
+        assert_eq!(escape("\u{2066}x\u{2069}\r"), "[U+2066]x[U+2069][U+000D]");
+        assert_eq!(escape("naïve, 日本"), "naïve, 日本", "other letters pass");
     }
 
     #[test]

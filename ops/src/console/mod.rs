@@ -257,10 +257,44 @@ impl Console {
             .route("/runs/{id}/resume", post(bulk::resume))
             .route("/cron", get(cron::cron))
             .route("/assets/console.css", get(css))
-            .route("/assets/console.js", get(js));
+            .route("/assets/console.js", get(js))
+            .layer(axum::middleware::map_response(plain_as_page));
         let hosts = self.hosts.clone();
         hosts.guard(router.with_state(Arc::new(self)))
     }
+}
+
+/// A plain-text error (what axum's extractors answer for a form, query or path that does not
+/// parse, quoting the input) as the console's own error page, with its headers, saying what
+/// kind of request was refused and quoting nothing.
+async fn plain_as_page(response: Response) -> Response {
+    let plain = (response.headers().get(CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/plain"));
+    let status = response.status();
+    if !plain || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let why = match status {
+        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => {
+            "the request's address or form does not fit this page"
+        }
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "the request is not a form",
+        StatusCode::PAYLOAD_TOO_LARGE => "the request is too large",
+        StatusCode::FORBIDDEN => "cross-site request refused: reload the page and try again",
+        StatusCode::METHOD_NOT_ALLOWED => "this page does not take that method",
+        _ => "the request was refused",
+    };
+    let title = status.canonical_reason().unwrap_or("Error");
+    let body = format!("<p class=\"error\">{}</p>", escape(why));
+    let mut page = html_page(status, page(title, None, &body));
+    // What the refusal said besides its body (an `Allow`, a `Retry-After`) stays.
+    for (name, value) in response.headers() {
+        if name != CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            page.headers_mut().entry(name).or_insert(value.clone());
+        }
+    }
+    page
 }
 
 type Shared = State<Arc<Console>>;

@@ -1067,3 +1067,62 @@ async fn behind_a_trusted_proxy_sign_ins_are_throttled_by_the_forwarded_address_
         "throttled by its own address"
     );
 }
+
+#[tokio::test]
+async fn a_rejected_request_gets_the_consoles_page_and_hidden_characters_show() {
+    let s = serve().await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let answer = s
+        .client
+        .get(format!("{}/letters/%3Cscript%3Enot-an-id", s.base))
+        .header(COOKIE, &cookie)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status(), StatusCode::BAD_REQUEST);
+    let headers = answer.headers().clone();
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html"),
+        "{headers:?}"
+    );
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert!(headers.contains_key("content-security-policy"));
+    let body = answer.text().await.expect("a body");
+    assert!(body.contains("does not fit this page"), "{body}");
+    assert!(
+        !body.contains("not-an-id") && !body.contains("<script>"),
+        "{body}"
+    );
+
+    let id = s
+        .store
+        .record(NewDeadLetter {
+            job_id: None,
+            queue: queue_name(),
+            consumer: None,
+            tenant_id: None,
+            kind: None,
+            correlation_id: None,
+            payload: b"{}".to_vec(),
+            attempts: 1,
+            last_error: "refund \u{202E}001 ot\u{202C} sent\u{0007}".to_owned(),
+            dedup_key: None,
+            at: SystemTime::now(),
+        })
+        .await
+        .expect("recorded")
+        .id();
+    let (status, page) = s.get(Some(&cookie), &format!("/letters/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains("refund [U+202E]001 ot[U+202C] sent[U+0007]"),
+        "{page}"
+    );
+    assert!(
+        !page.contains('\u{202E}'),
+        "no override reaches the browser"
+    );
+}
