@@ -261,6 +261,10 @@ pub struct Delivery {
     /// crashes its process cannot take other jobs with it. `false` where the transport cannot
     /// tell.
     pub expired: bool,
+    /// The tenant the transport stored beside the message, where it keeps one (the PostgreSQL
+    /// and memory queues, from the publish): what a dead letter of a payload that cannot say
+    /// its tenant keeps, so that tenant's operators see it.
+    pub tenant_id: Option<TenantId>,
 }
 
 impl Delivery {
@@ -272,7 +276,14 @@ impl Delivery {
             message_id,
             lease,
             expired: false,
+            tenant_id: None,
         }
+    }
+
+    /// The same delivery, with the tenant the transport stored beside its message.
+    pub fn with_tenant(mut self, tenant_id: Option<TenantId>) -> Self {
+        self.tenant_id = tenant_id;
+        self
     }
 
     /// The same delivery, marked as coming after a lease that expired unsettled when

@@ -561,7 +561,8 @@ impl PullPort for MemoryQueue {
                     Some(message_id(id)),
                     Lease::new(name.clone(), token(id, message.generation), expires_at),
                 )
-                .after_expiry(expired),
+                .after_expiry(expired)
+                .with_tenant(message.tenant),
             );
         }
         Ok(deliveries)

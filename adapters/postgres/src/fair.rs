@@ -256,10 +256,13 @@ impl Lanes {
             .map(|start| start.from.map(|from| timestamp(queue, from)).transpose())
             .collect::<Result<Vec<_>, _>>()?;
         let rows = sqlx::query(
-            "select id, case when octet_length(payload) <= $9 then payload else ''::bytea end, \
-                    deliveries, lease_gen, visible_at, expired, ord, cursor_lane, \
-                    cursor_left, mark_lane, mark_first, octet_length(payload) > $9 \
-             from core.lease_fair_marked($1, $2, $3, $4, $5, $6, $7, $8)",
+            "select f.id, \
+                    case when octet_length(f.payload) <= $9 then f.payload else ''::bytea end, \
+                    f.deliveries, f.lease_gen, f.visible_at, f.expired, f.ord, f.cursor_lane, \
+                    f.cursor_left, f.mark_lane, f.mark_first, octet_length(f.payload) > $9, \
+                    j.tenant_id \
+             from core.lease_fair_marked($1, $2, $3, $4, $5, $6, $7, $8) as f \
+             left join core.jobs as j on j.id = f.id",
         )
         .bind(queue.as_str())
         .bind(timestamp(queue, now)?)
@@ -290,7 +293,7 @@ impl Lanes {
                 lane.cursor = (cursor.0, cursor.1.unwrap_or(0));
             }
         }
-        deliveries(queue, leased, 6, 11)
+        deliveries(queue, leased, 6, 11, 12)
     }
 
     /// The lanes of `queue` its next fair fetch knows, ascending, and where the fetch starting

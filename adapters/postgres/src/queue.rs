@@ -395,14 +395,15 @@ pub const LEASE_STATEMENT: &str = "with async_commit as \
      where j.id = c.id \
      returning j.id, case when octet_length(j.payload) <= $6 then j.payload else ''::bytea end \
          as payload, j.deliveries, j.lease_gen, c.leased as expired, \
-         c.visible_at as was_visible_at, octet_length(j.payload) > $6 as oversized) \
+         c.visible_at as was_visible_at, j.tenant_id, octet_length(j.payload) > $6 as oversized) \
      select min(was_visible_at) as first, \
          coalesce(array_agg(id order by id), '{}') as ids, \
          coalesce(array_agg(payload order by id), '{}') as payloads, \
          coalesce(array_agg(deliveries order by id), '{}') as deliveries, \
          coalesce(array_agg(lease_gen order by id), '{}') as generations, \
          coalesce(array_agg(expired order by id), '{}') as expired, \
-         coalesce(array_agg(oversized order by id), '{}') as oversized \
+         coalesce(array_agg(oversized order by id), '{}') as oversized, \
+         coalesce(array_agg(tenant_id order by id), '{}') as tenants \
      from leased";
 
 /// The guard of every settlement: this delivery's generation, leased, lease not expired.

@@ -10,9 +10,10 @@
 use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
-use jobs_core::{Delivery, Lease, QueueError, QueueName};
+use jobs_core::{Delivery, Lease, QueueError, QueueName, TenantId};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
+use sqlx::types::Uuid;
 
 use crate::convert::{from_timestamp, to_timestamp};
 use crate::error::{is_schema_missing, is_transient};
@@ -75,6 +76,7 @@ pub(crate) struct Leased {
     generations: Vec<i64>,
     expired: Vec<bool>,
     oversized: Vec<bool>,
+    tenants: Vec<Option<Uuid>>,
 }
 
 impl Leased {
@@ -93,15 +95,17 @@ impl Leased {
             generations,
             expired,
             oversized,
+            tenants,
         } = self;
         let rows = payloads
             .into_iter()
             .zip(deliveries)
             .zip(generations)
             .zip(expired)
-            .zip(oversized);
+            .zip(oversized)
+            .zip(tenants);
         let mut fetched = Fetched::default();
-        for (id, ((((payload, attempt), generation), expired), oversized)) in
+        for (id, (((((payload, attempt), generation), expired), oversized), tenant)) in
             ids.into_iter().zip(rows)
         {
             if oversized {
@@ -111,7 +115,9 @@ impl Leased {
             let lease = Lease::new(queue.clone(), token(id, generation), until);
             let attempt = u32::try_from(attempt).unwrap_or(0);
             fetched.deliveries.push(
-                Delivery::new(payload, attempt, Some(id.to_string()), lease).after_expiry(expired),
+                Delivery::new(payload, attempt, Some(id.to_string()), lease)
+                    .after_expiry(expired)
+                    .with_tenant(tenant_of(tenant)),
             );
         }
         fetched
@@ -120,12 +126,14 @@ impl Leased {
 
 /// The deliveries of rows the fair fetch leased (id, payload, deliveries, generation, lease
 /// end, expired), in the order of the integer column `order`: the order its rounds served
-/// them. The boolean column `oversized` marks the rows over the envelope limit.
+/// them. The boolean column `oversized` marks the rows over the envelope limit, and the uuid
+/// column `tenant_column` holds each row's tenant.
 pub(crate) fn deliveries(
     queue: &QueueName,
     rows: Vec<PgRow>,
     order: usize,
     oversized: usize,
+    tenant_column: usize,
 ) -> Result<Fetched, QueueError> {
     let corrupt = |e: sqlx::Error| queue_error(queue, "read a leased row", e);
     let mut out = Vec::with_capacity(rows.len());
@@ -142,6 +150,7 @@ pub(crate) fn deliveries(
         let generation: i64 = row.try_get(3).map_err(corrupt)?;
         let expires: DateTime<Utc> = row.try_get(4).map_err(corrupt)?;
         let expired: bool = row.try_get(5).map_err(corrupt)?;
+        let tenant: Option<Uuid> = row.try_get(tenant_column).map_err(corrupt)?;
         let expires_at = from_timestamp(expires).map_err(|e| QueueError::Rejected {
             queue: queue.clone(),
             reason: e.to_string(),
@@ -154,7 +163,8 @@ pub(crate) fn deliveries(
                 Some(id.to_string()),
                 Lease::new(queue.clone(), token(id, generation), expires_at),
             )
-            .after_expiry(expired),
+            .after_expiry(expired)
+            .with_tenant(tenant_of(tenant)),
         ));
     }
     out.sort_by_key(|(key, _)| *key);
@@ -162,6 +172,11 @@ pub(crate) fn deliveries(
         deliveries: out.into_iter().map(|(_, d)| d).collect(),
         oversized: over,
     })
+}
+
+/// The tenant a row of `core.jobs` carries, if it is one `TenantId` accepts.
+fn tenant_of(uuid: Option<Uuid>) -> Option<TenantId> {
+    uuid.and_then(|uuid| uuid.to_string().parse().ok())
 }
 
 /// The lease token of row `id` leased with fencing generation `generation`: what

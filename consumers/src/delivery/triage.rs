@@ -31,6 +31,16 @@ impl Salvage {
         }
     }
 
+    /// The same, with the tenant the transport stored beside the message where it kept one:
+    /// that is the tenant whose operators must see the letter, whatever the broken payload
+    /// claims.
+    fn stored_for(mut self, delivery: &Delivery) -> Self {
+        if delivery.tenant_id.is_some() {
+            self.tenant_id = delivery.tenant_id;
+        }
+        self
+    }
+
     /// Whatever valid fields a broken payload still has.
     fn from_bytes(payload: &[u8]) -> Self {
         let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(payload) else {
@@ -87,7 +97,7 @@ where
             Ok(envelope) => envelope,
             Err(e) => {
                 return Err(Reject {
-                    salvage: Salvage::from_bytes(&delivery.payload),
+                    salvage: Salvage::from_bytes(&delivery.payload).stored_for(delivery),
                     reason: DeadReason::Poison,
                     error: e.to_string(),
                 });

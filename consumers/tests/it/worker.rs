@@ -1148,3 +1148,99 @@ async fn a_data_error_names_the_path_and_the_type_and_quotes_no_value_unless_ask
     let loud = last_error(true).await;
     assert!(loud.contains("<script>alert(1)</script>"), "{loud}");
 }
+
+/// The harness's memory queue, as a transport that stores a tenant beside each message (as
+/// the PostgreSQL queue does for a row written by SQL): every delivery says `tenant`.
+struct StoresTenant(jobs_adapter_memory::MemoryQueue, jobs_core::TenantId);
+
+#[async_trait::async_trait]
+impl jobs_core::PullPort for StoresTenant {
+    async fn receive(
+        &self,
+        q: &jobs_core::QueueName,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<jobs_core::Delivery>, jobs_core::QueueError> {
+        let got = self.0.receive(q, max, lease).await?;
+        Ok(got
+            .into_iter()
+            .map(|d| d.with_tenant(Some(self.1)))
+            .collect())
+    }
+}
+
+#[async_trait::async_trait]
+impl jobs_core::SettlePort for StoresTenant {
+    async fn ack(&self, lease: &jobs_core::Lease) -> Result<(), jobs_core::QueueError> {
+        self.0.ack(lease).await
+    }
+    async fn retry_at(
+        &self,
+        lease: &jobs_core::Lease,
+        at: std::time::SystemTime,
+    ) -> Result<(), jobs_core::QueueError> {
+        self.0.retry_at(lease, at).await
+    }
+    async fn defer(
+        &self,
+        lease: &jobs_core::Lease,
+        until: std::time::SystemTime,
+    ) -> Result<(), jobs_core::QueueError> {
+        self.0.defer(lease, until).await
+    }
+    async fn extend(
+        &self,
+        lease: &jobs_core::Lease,
+        by: Duration,
+    ) -> Result<jobs_core::Lease, jobs_core::QueueError> {
+        self.0.extend(lease, by).await
+    }
+}
+
+#[tokio::test]
+async fn a_poison_letter_keeps_the_tenant_its_transport_stored_not_the_one_it_claims() {
+    let h = Harness::new();
+    let stored = jobs_testkit::fixtures::tenant(7);
+    let worker = jobs_consumers::Worker::builder(
+        ConsumerName::try_from("test.consumer").expect("valid"),
+        h.name.clone(),
+        Arc::new(StoresTenant(h.queue.clone(), stored)),
+        Arc::new(h.store.clone()),
+        Arc::new(h.store.clone()),
+    )
+    .clock(Arc::new(h.clock.clone()))
+    .handler(
+        KIND.parse().expect("valid"),
+        crate::harness::Scripted {
+            script: ok,
+            calls: h.calls.clone(),
+        },
+    )
+    .build()
+    .expect("valid");
+    let mut claims_another = serde_json::to_value(h.publish_unpublished(1)).expect("serialises");
+    claims_another["tenant_id"] = serde_json::json!(jobs_testkit::fixtures::tenant(8).to_string());
+    claims_another["job_id"] = serde_json::json!("not-a-uuid");
+    for bytes in [
+        b"not an envelope".to_vec(),
+        serde_json::to_vec(&claims_another).expect("serialises"),
+    ] {
+        h.queue
+            .publish_bytes(&h.name, bytes, &PublishOptions::default());
+    }
+    h.drain(&worker).await;
+    let letters = h
+        .store
+        .list(&DeadLetterFilter::default())
+        .await
+        .expect("list");
+    assert_eq!(letters.len(), 2);
+    assert!(
+        letters.iter().all(|l| l.letter.tenant_id == Some(stored)),
+        "{:?}",
+        letters
+            .iter()
+            .map(|l| l.letter.tenant_id)
+            .collect::<Vec<_>>()
+    );
+}

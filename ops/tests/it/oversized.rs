@@ -1,7 +1,7 @@
 //! The README's worker over PostgreSQL with rows of 5 MiB in its queue, written by direct SQL
 //! (as a version without the publish check could have): they become dead letters with their
 //! bytes, copied inside the database, while the process's peak memory stays small and its own
-//! jobs run.
+//! jobs run; rows that are no envelope become poison letters of the tenant their rows carried.
 
 use std::process::{Command, Stdio};
 
@@ -50,6 +50,16 @@ async fn rows_over_the_limit_become_byte_identical_letters_without_reaching_the_
     .execute(&pool)
     .await
     .expect("rows over the limit");
+    // And two that are no envelope at all: poison, which keeps the tenant its row carried.
+    sqlx::query(
+        "insert into core.jobs (queue, dedup_key, payload, tenant_id, visible_at, created_at) \
+         select 'billing.invoices', 'junk-' || n, convert_to('not an envelope', 'UTF8'), \
+             $1::uuid, now(), now() from generate_series(1, 2) as n",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .expect("poison rows");
 
     let port = free_port();
     let child = Reaped(
@@ -70,10 +80,10 @@ async fn rows_over_the_limit_become_byte_identical_letters_without_reaching_the_
         .fetch_one(&pool)
         .await
         .ok()?;
-        (counts.0 >= 3 && counts.1 >= i64::from(ROWS)).then_some(counts)
+        (counts.0 >= 3 && counts.1 >= i64::from(ROWS) + 2).then_some(counts)
     })
     .await;
-    assert_eq!((booked, letters), (3, i64::from(ROWS)));
+    assert_eq!((booked, letters), (3, i64::from(ROWS) + 2));
     let peak = peak_rss(pid);
     let (exited, log) = terminate(child).await;
     assert!(exited.success(), "exit status {exited}: {log}");
@@ -98,6 +108,18 @@ async fn rows_over_the_limit_become_byte_identical_letters_without_reaching_the_
         faithful,
         i64::from(ROWS),
         "each letter holds its row's bytes"
+    );
+    let poison_of_the_tenant: i64 = sqlx::query_scalar(
+        "select count(*) from core.dead_letters \
+         where payload = convert_to('not an envelope', 'UTF8') and tenant_id = $1::uuid",
+    )
+    .bind(TENANT)
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(
+        poison_of_the_tenant, 2,
+        "a poison letter keeps its row's tenant"
     );
     let left: i64 = sqlx::query_scalar("select count(*) from core.jobs")
         .fetch_one(&pool)
