@@ -171,6 +171,10 @@ pub(crate) enum Command {
         /// No sign-in: every visitor is an operator (loopback addresses only).
         #[arg(long)]
         no_auth: bool,
+        /// A host name (NAME or NAME:PORT) the console answers besides IP addresses and
+        /// localhost, added to JOBS_ALLOWED_HOSTS; may be given more than once.
+        #[arg(long = "allowed-host", value_name = "NAME")]
+        allowed_hosts: Vec<String>,
     },
     /// Show the configuration in effect and where each value came from (secrets hidden).
     ///

@@ -92,7 +92,11 @@ async fn run(command: Command, config: Config) -> Result<()> {
             dead_letters::queues(&queue, &names, json, out).await
         }
         Command::DeadLetters(command) => dead_letter_command(command, &config, out).await,
-        Command::Console { listen, no_auth } => console(&config, listen, no_auth).await,
+        Command::Console {
+            listen,
+            no_auth,
+            allowed_hosts,
+        } => console(&config, listen, no_auth, &allowed_hosts).await,
         Command::Cron(CronCommand::List { json }) => cron::list(json, out),
         Command::Cron(CronCommand::Tick { at, dry_run }) => {
             let store = Store::connect(&config).await?;
@@ -145,7 +149,12 @@ async fn run(command: Command, config: Config) -> Result<()> {
 }
 
 /// `jobsctl console`: the console over the configured store and queue, until a stop signal.
-async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -> Result<()> {
+async fn console(
+    config: &Config,
+    listen: std::net::SocketAddr,
+    no_auth: bool,
+    allowed_hosts: &[String],
+) -> Result<()> {
     use jobs_ops::console::{Console, ConsoleToken};
     let tokens: Vec<ConsoleToken> = config
         .get(&compose::CONSOLE_TOKENS)
@@ -177,7 +186,7 @@ async fn console(config: &Config, listen: std::net::SocketAddr, no_auth: bool) -
     .bulk_runs(store.bulk_runs())
     .replay_rate(compose::console_replay_rate(config)?)
     .trusted_proxies(compose::console_trusted_proxies(config)?)
-    .allowed_hosts(compose::allowed_hosts(config)?);
+    .allowed_hosts(with_flags(compose::allowed_hosts(config)?, allowed_hosts)?);
     if let Some(url) = compose::console_public_url(config)? {
         console = console.public_url(url);
     }
@@ -403,4 +412,16 @@ fn finish(result: Result<()>) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// `hosts` with the names `--allowed-host` adds, each checked as `JOBS_ALLOWED_HOSTS`' entries are.
+fn with_flags(
+    hosts: jobs_ops::hosts::AllowedHosts,
+    flags: &[String],
+) -> Result<jobs_ops::hosts::AllowedHosts, Usage> {
+    flags.iter().try_fold(hosts, |hosts, flag| {
+        let parsed = jobs_ops::hosts::AllowedHosts::parse_list(flag)
+            .map_err(|e| Usage(format!("--allowed-host: {e}")))?;
+        Ok(hosts.merged(parsed))
+    })
 }

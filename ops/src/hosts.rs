@@ -99,6 +99,12 @@ impl AllowedHosts {
         self
     }
 
+    /// These names and `other`'s.
+    pub fn merged(mut self, other: AllowedHosts) -> Self {
+        self.names.extend(other.names);
+        self
+    }
+
     /// Whether a request whose `Host` is `host` is answered.
     pub fn allows(&self, host: &str) -> bool {
         let Some((name, port)) = split_port(host) else {

@@ -438,3 +438,71 @@ fn shown_json(url: &str) -> serde_json::Value {
     let shown = jobsctl(&["dead-letters", "show", "1", "--json", "--database-url", url]);
     serde_json::from_slice(&shown.stdout).expect("show prints JSON")
 }
+
+/// `GET /` on `port` with `host` in `Host`: the status line.
+fn status_for_host(port: u16, host: &str) -> Option<String> {
+    use std::io::{BufRead, BufReader};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        stream,
+        "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).ok()?;
+    Some(line.trim_end().to_owned())
+}
+
+#[tokio::test]
+async fn the_console_answers_the_hosts_allowed_host_names_and_refuses_others() {
+    let db = TempDb::new("hosts");
+    assert!(
+        jobsctl(&["migrate", "--database-url", &db.url()])
+            .status
+            .success()
+    );
+    let refused = jobsctl_with(
+        &[
+            "console",
+            "--no-auth",
+            "--listen",
+            "127.0.0.1:0",
+            "--allowed-host",
+            "not a host",
+        ],
+        &[("DATABASE_URL", &db.url()), ("JOBS_QUEUE_URL", "memory:")],
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--allowed-host: `not a host`"), "{stderr}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_jobsctl"));
+    command
+        .args(["console", "--no-auth", "--listen", &listen])
+        .args(["--allowed-host", "jobs.internal"])
+        .env_remove(jobs_ops::compose::CONFIG_ENV);
+    for key in jobs_ops::compose::KEYS {
+        command.env_remove(key.env);
+    }
+    let child = crate::process::Reaped(
+        command
+            .env("DATABASE_URL", db.url())
+            .env("JOBS_QUEUE_URL", "memory:")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the console starts"),
+    );
+    let named = crate::process::eventually("the console answers", async || {
+        status_for_host(port, &format!("jobs.internal:{port}"))
+    })
+    .await;
+    assert!(named.contains(" 200 "), "{named}");
+    let other = status_for_host(port, &format!("rebind.evil.example:{port}")).expect("an answer");
+    assert!(other.contains(" 421 "), "{other}");
+    drop(child);
+}
