@@ -715,32 +715,21 @@ pub enum QueueError {
 }
 
 /// The publish side of the envelope limit, beside the error it raises.
-impl DecodeLimits {
-    /// Checks an encoded envelope of `size` bytes bound for `queue` against the limit: the
-    /// check every adapter makes at publish, so that nothing the consumers would refuse is
-    /// written.
-    pub fn admit(&self, queue: &QueueName, size: usize) -> Result<(), QueueError> {
-        if size > self.max_envelope_bytes() {
-            return Err(QueueError::TooLarge {
-                queue: queue.clone(),
-                size,
-                limit: self.max_envelope_bytes(),
-            });
-        }
-        Ok(())
-    }
-}
-
 impl Envelope {
     /// The wire form for a publish to `queue`, refused with [`QueueError::TooLarge`] when it is
-    /// longer than `limits` allow: one limit from publish to lease.
+    /// longer than `limits` allow: the check every adapter makes at publish, so that nothing
+    /// the consumers would refuse is written.
     pub fn encode_for(
         &self,
         queue: &QueueName,
         limits: &DecodeLimits,
     ) -> Result<Vec<u8>, QueueError> {
         let bytes = self.to_json_bytes()?;
-        limits.admit(queue, bytes.len())?;
+        let limit = limits.max_envelope_bytes();
+        if bytes.len() > limit {
+            let (queue, size) = (queue.clone(), bytes.len());
+            return Err(QueueError::TooLarge { queue, size, limit });
+        }
         Ok(bytes)
     }
 }

@@ -184,7 +184,8 @@ impl PgQueue {
     }
 
     /// Queues raw bytes, delivered as they are (the runtime dead-letters them if they do not
-    /// decode). The dedup key is the one in `opts`, else a fresh one: raw bytes have no job id.
+    /// decode; the envelope limit does not apply, and a fetch moves a row over it to the dead
+    /// letters). The dedup key is the one in `opts`, else a fresh one: raw bytes have no job id.
     pub async fn publish_bytes(
         &self,
         queue: &QueueName,

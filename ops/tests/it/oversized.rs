@@ -3,13 +3,11 @@
 //! bytes, copied inside the database, while the process's peak memory stays small and its own
 //! jobs run; rows that are no envelope become poison letters of the tenant their rows carried.
 
-use std::process::{Command, Stdio};
-
 use jobs_adapter_postgres::sqlx;
 
 use crate::pg::TestDb;
 use crate::process::{Reaped, eventually, terminate};
-use crate::worker_process::{example, free_port};
+use crate::worker_process::{free_port, readme_worker};
 
 const ROWS: i32 = 64;
 const BYTES: i32 = 5 << 20;
@@ -63,12 +61,7 @@ async fn rows_over_the_limit_become_byte_identical_letters_without_reaching_the_
 
     let port = free_port();
     let child = Reaped(
-        Command::new(example("worker"))
-            .env("DATABASE_URL", &db.url)
-            .env("JOBS_HTTP_ADDR", format!("127.0.0.1:{port}"))
-            .env("JOBS_CONFIG", "/dev/null")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+        readme_worker(&db.url, port)
             .spawn()
             .expect("the example starts"),
     );

@@ -16,7 +16,7 @@ use crate::process::{Reaped, eventually, terminate, terminate_waited};
 use crate::temp::TempDb;
 
 /// The example's binary, built beside this test's (`cargo test` builds examples).
-pub(crate) fn example(name: &str) -> PathBuf {
+fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test's path");
     let debug = exe
         .parent()
@@ -25,6 +25,19 @@ pub(crate) fn example(name: &str) -> PathBuf {
     let path = debug.join("examples").join(name);
     assert!(path.exists(), "{} is built with the tests", path.display());
     path
+}
+
+/// The README's worker on `database_url`, its endpoints on `port`, no configuration file, its
+/// log piped for [`terminate`].
+pub(crate) fn readme_worker(database_url: &str, port: u16) -> Command {
+    let mut command = Command::new(example("worker"));
+    command
+        .env("DATABASE_URL", database_url)
+        .env("JOBS_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .env("JOBS_CONFIG", "/dev/null")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    command
 }
 
 /// A port nothing listens on now.
@@ -99,13 +112,8 @@ async fn the_readme_worker_processes_its_jobs_once_answers_probes_and_stops_on_s
         "the test database's URL names the postgres user"
     );
     let child = Reaped(
-        Command::new(example("worker"))
-            .env("DATABASE_URL", &url)
-            .env("JOBS_HTTP_ADDR", format!("127.0.0.1:{port}"))
-            .env("JOBS_CONFIG", "/dev/null")
+        readme_worker(&url, port)
             .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
             .spawn()
             .expect("the example starts"),
     );
@@ -642,12 +650,7 @@ async fn a_stop_signal_turns_readyz_503_at_once_and_a_second_one_exits_at_once()
     let (db, pool) = TestDb::migrated().await;
     let port = free_port();
     let child = Reaped(
-        Command::new(example("worker"))
-            .env("DATABASE_URL", &db.url)
-            .env("JOBS_HTTP_ADDR", format!("127.0.0.1:{port}"))
-            .env("JOBS_CONFIG", "/dev/null")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+        readme_worker(&db.url, port)
             .spawn()
             .expect("the example starts"),
     );
