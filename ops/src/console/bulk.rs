@@ -24,7 +24,9 @@ use jobs_core::{
 use serde::Deserialize;
 
 use super::auth::Session;
-use super::html::{escape, page};
+use maud::{Markup, html};
+
+use super::html::{csrf_field, page};
 use super::{
     Console, ListQuery, Shared, authorised_post, filter_of, html_page, problem, redirect, resolver,
     time, unauthorised,
@@ -106,26 +108,16 @@ fn visible(session: &Session, run: &BulkRun) -> bool {
         .is_none_or(|t| run.key.split(' ').any(|part| part == format!("tenant={t}")))
 }
 
-fn hidden_fields(form: &BulkForm, csrf: &str) -> String {
-    let mut fields = format!(
-        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-         <input type=\"hidden\" name=\"action\" value=\"{}\">",
-        escape(csrf),
-        escape(&form.action)
-    );
-    for (name, value) in [
-        ("queue", &form.queue),
-        ("tenant", &form.tenant),
-        ("kind", &form.kind),
-    ] {
-        if let Some(value) = value {
-            fields.push_str(&format!(
-                "<input type=\"hidden\" name=\"{name}\" value=\"{}\">",
-                escape(value)
-            ));
+fn hidden_fields(form: &BulkForm, csrf: &str) -> Markup {
+    html! {
+        (csrf_field(csrf))
+        input type="hidden" name="action" value=(form.action);
+        @for (name, value) in [("queue", &form.queue), ("tenant", &form.tenant), ("kind", &form.kind)] {
+            @if let Some(value) = value {
+                input type="hidden" name=(name) value=(value);
+            }
         }
     }
-    fields
 }
 
 /// What a bulk request asks for: who, which action, over which filter, and the ids that
@@ -182,34 +174,28 @@ pub(crate) async fn ask(
         Err(answer) => return *answer,
     };
     let described = run_key(resolution, &filter);
+    let action = capitalised(action_name(resolution));
     let body = if ids.is_empty() {
-        "<p class=\"note\">No letter waiting for review matches: nothing to do.</p>".to_owned()
+        html! { p.note { "No letter waiting for review matches: nothing to do." } }
     } else {
-        format!(
-            "<p id=\"confirm-count\">{} {} letters waiting for review that match \
-             <code>{}</code>?</p>{}\
-             <form method=\"post\" action=\"/bulk/confirm\">{}\
-             <button id=\"confirm\" class=\"danger\">{} {} letters</button></form>\
-             <p><a href=\"/letters\">Cancel</a></p>",
-            capitalised(action_name(resolution)),
-            ids.len(),
-            escape(&described),
-            if resolution == Resolution::Replay {
-                format!(
-                    "<p class=\"note\">Replays are published at {} a second.</p>",
-                    console.replay_rate
-                )
-            } else {
-                String::new()
-            },
-            hidden_fields(&form, &session.csrf),
-            capitalised(action_name(resolution)),
-            ids.len(),
-        )
+        html! {
+            p #confirm-count {
+                (action) " " (ids.len()) " letters waiting for review that match "
+                code { (described) } "?"
+            }
+            @if resolution == Resolution::Replay {
+                p.note { "Replays are published at " (console.replay_rate) " a second." }
+            }
+            form method="post" action="/bulk/confirm" {
+                (hidden_fields(&form, &session.csrf))
+                button #confirm .danger { (action) " " (ids.len()) " letters" }
+            }
+            p { a href="/letters" { "Cancel" } }
+        }
     };
     html_page(
         StatusCode::OK,
-        page("Confirm a bulk action", Some(&session.csrf), &body),
+        page("Confirm a bulk action", Some(&session.csrf), body),
     )
 }
 
@@ -333,44 +319,34 @@ pub(crate) async fn run_page(
     } else {
         "stopped before the end"
     };
-    let mut body = format!(
-        "<p><code>{}</code>, started by {} at {}</p>\
-         <p><progress id=\"progress\" max=\"{total}\" value=\"{done}\"></progress> \
-         <span id=\"done\">{done}</span> of {total} letters, <span id=\"state\">{state}</span>\
-         {}</p>",
-        escape(&run.key),
-        escape(&run.by),
-        time(run.started_at),
-        run.finished_at
-            .map(|at| format!(" at {}", time(at)))
-            .unwrap_or_default(),
-        total = run.total(),
-        done = run.done(),
-    );
-    if !run.is_finished() && !running {
-        body.push_str(&format!(
-            "<form method=\"post\" action=\"/runs/{id}/resume\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{}\"><button>Resume</button></form>",
-            escape(&session.csrf)
-        ));
-    }
     let mut outcomes: std::collections::BTreeMap<&str, usize> = Default::default();
     for outcome in run.settled.values() {
         *outcomes.entry(outcome.as_str()).or_default() += 1;
     }
-    if !outcomes.is_empty() {
-        body.push_str("<table><tr><th>outcome</th><th>letters</th></tr>");
-        for (outcome, n) in outcomes {
-            body.push_str(&format!(
-                "<tr><td>{}</td><td class=\"n\">{n}</td></tr>",
-                escape(outcome)
-            ));
+    let (total, done) = (run.total(), run.done());
+    let body = html! {
+        p { code { (run.key) } ", started by " (run.by) " at " (time(run.started_at)) }
+        p {
+            progress #progress max=(total) value=(done) {} " "
+            span #done { (done) } " of " (total) " letters, " span #state { (state) }
+            @if let Some(at) = run.finished_at { " at " (time(at)) }
         }
-        body.push_str("</table>");
-    }
+        @if !run.is_finished() && !running {
+            form method="post" action={ "/runs/" (id) "/resume" } {
+                (csrf_field(&session.csrf))
+                button { "Resume" }
+            }
+        }
+        @if !outcomes.is_empty() {
+            table {
+                tr { th { "outcome" } th { "letters" } }
+                @for (outcome, n) in outcomes { tr { td { (outcome) } td.n { (n) } } }
+            }
+        }
+    };
     let mut answer = html_page(
         StatusCode::OK,
-        page(&format!("Bulk run {id}"), Some(&session.csrf), &body),
+        page(&format!("Bulk run {id}"), Some(&session.csrf), body),
     );
     if running {
         answer
@@ -422,28 +398,27 @@ pub(crate) async fn runs_page(State(console): Shared, headers: HeaderMap) -> Res
         Ok(listed) => listed,
         Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
     };
-    let mut body = String::from(
-        "<table><tr><th>run</th><th>action and filter</th><th>by</th><th>started</th>\
-         <th>progress</th></tr>",
-    );
-    for run in listed.iter().filter(|run| visible(&session, run)) {
-        body.push_str(&format!(
-            "<tr><td><a href=\"/runs/{id}\">{id}</a></td><td><code>{}</code></td><td>{}</td>\
-             <td>{}</td><td>{} of {}{}</td></tr>",
-            escape(&run.key),
-            escape(&run.by),
-            time(run.started_at),
-            run.done(),
-            run.total(),
-            if run.is_finished() { ", finished" } else { "" },
-            id = run.id,
-        ));
-    }
-    body.push_str("</table>");
-    html_page(
-        StatusCode::OK,
-        page("Bulk runs", Some(&session.csrf), &body),
-    )
+    let body = html! {
+        table {
+            tr {
+                th { "run" } th { "action and filter" } th { "by" } th { "started" }
+                th { "progress" }
+            }
+            @for run in listed.iter().filter(|run| visible(&session, run)) {
+                tr {
+                    td { a href={ "/runs/" (run.id) } { (run.id) } }
+                    td { code { (run.key) } }
+                    td { (run.by) }
+                    td { (time(run.started_at)) }
+                    td {
+                        (run.done()) " of " (run.total())
+                        @if run.is_finished() { ", finished" }
+                    }
+                }
+            }
+        }
+    };
+    html_page(StatusCode::OK, page("Bulk runs", Some(&session.csrf), body))
 }
 
 #[cfg(test)]

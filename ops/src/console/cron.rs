@@ -13,7 +13,9 @@ use jobs_core::{Tenant, TenantId};
 use jobs_cron::{CronTask, FanOut, TierRule};
 use serde::Deserialize;
 
-use super::html::{escape, page, query_value};
+use maud::{Markup, html};
+
+use super::html::{link, page};
 use super::{Shared, html_page, problem, set, time, unauthorised};
 
 /// Tenants the page lists at a time.
@@ -36,39 +38,47 @@ pub(crate) async fn cron(
     };
     let now = SystemTime::now();
     let tasks = jobs_cron::standard_tasks();
-    let mut body = String::from(
-        "<p class=\"note\">The standard periodic tasks, fanned out per tenant at each slot.</p>\
-         <table id=\"tasks\"><tr><th>task</th><th>queue</th><th>schedule</th><th>next slot</th>\
-         <th>tenants</th></tr>",
-    );
-    for task in &tasks {
-        body.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            escape(task.kind.as_str()),
-            escape(task.queue.as_str()),
-            escape(&task.schedule.to_string()),
-            task.schedule
-                .next_after(now)
-                .map_or_else(|| "-".to_owned(), time),
-            match (task.fan_out, &task.tier) {
-                (FanOut::Single, _) => "one job for the system",
-                (FanOut::PerTenant, Some(_)) => "those due at the slot by their freshness tier",
-                (FanOut::PerTenant, None) => "every tenant",
+    let tasks_table = html! {
+        p.note { "The standard periodic tasks, fanned out per tenant at each slot." }
+        table #tasks {
+            tr {
+                th { "task" } th { "queue" } th { "schedule" } th { "next slot" } th { "tenants" }
             }
-        ));
-    }
-    body.push_str("</table>");
+            @for task in &tasks {
+                tr {
+                    td { (task.kind.as_str()) }
+                    td { (task.queue.as_str()) }
+                    td { (task.schedule) }
+                    td { (task.schedule.next_after(now).map_or_else(|| "-".to_owned(), time)) }
+                    td {
+                        (match (task.fan_out, &task.tier) {
+                            (FanOut::Single, _) => "one job for the system",
+                            (FanOut::PerTenant, Some(_)) => {
+                                "those due at the slot by their freshness tier"
+                            }
+                            (FanOut::PerTenant, None) => "every tenant",
+                        })
+                    }
+                }
+            }
+        }
+    };
+    let cron_page = |tiers: Markup| {
+        let body = html! { (tasks_table) (tiers) };
+        html_page(StatusCode::OK, page("Cron", Some(&session.csrf), body))
+    };
     let tiered: Vec<&CronTask> = tasks.iter().filter(|t| t.tier.is_some()).collect();
     if tiered.is_empty() {
-        return html_page(StatusCode::OK, page("Cron", Some(&session.csrf), &body));
+        return cron_page(html! {});
     }
-    body.push_str("<h2>Freshness tiers by tenant</h2>");
     let Some(directory) = &console.tenants else {
-        body.push_str(
-            "<p class=\"note\">This console has no tenant directory (the store keeps no \
-             tenants), so tenants' tiers are not shown.</p>",
-        );
-        return html_page(StatusCode::OK, page("Cron", Some(&session.csrf), &body));
+        return cron_page(html! {
+            h2 { "Freshness tiers by tenant" }
+            p.note {
+                "This console has no tenant directory (the store keeps no tenants), so \
+                 tenants' tiers are not shown."
+            }
+        });
     };
     let parse = |field: &str, value: &Option<String>| -> Result<Option<TenantId>, String> {
         set(value)
@@ -95,60 +105,56 @@ pub(crate) async fn cron(
         Ok(listed) => listed,
         Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
     };
-    if session.tenant.is_none() {
-        body.push_str(&format!(
-            "<form class=\"filters\" method=\"get\" action=\"/cron\">\
-             <label>tenant <input name=\"tenant\" value=\"{}\" size=\"38\"></label>\
-             <button>Find</button></form>",
-            escape(set(&query.tenant).unwrap_or(""))
-        ));
-    }
-    if tenants.is_empty() {
-        body.push_str(&match wanted {
-            Some(id) => format!(
-                "<p class=\"note\">The directory holds no tenant {}.</p>",
-                escape(&id.to_string())
-            ),
-            None => "<p class=\"note\">The directory holds no tenant.</p>".to_owned(),
-        });
-        return html_page(StatusCode::OK, page("Cron", Some(&session.csrf), &body));
-    }
-    body.push_str("<table id=\"tiers\"><tr><th>tenant</th>");
-    for task in &tiered {
-        body.push_str(&format!(
-            "<th>{k}: tier</th><th>{k}: next</th>",
-            k = escape(task.kind.as_str())
-        ));
-    }
-    body.push_str("</tr>");
-    for tenant in &tenants {
-        body.push_str(&format!(
-            "<tr><td class=\"id\">{}</td>",
-            escape(&tenant.id.to_string())
-        ));
-        for task in &tiered {
-            let (tier, said) = task
-                .tier
-                .as_ref()
-                .map(|rule| tier_cell(rule, tenant))
-                .unwrap_or_default();
-            body.push_str(&format!(
-                "<td>{}</td><td>{}</td>",
-                escape(&said),
-                task.next_slot_for(tier, now)
-                    .map_or_else(|| "-".to_owned(), time)
-            ));
+    let more = match (wanted, next) {
+        (None, Some(next)) => Some(link("/cron", [("after", Some(next.to_string().as_str()))])),
+        _ => None,
+    };
+    cron_page(html! {
+        h2 { "Freshness tiers by tenant" }
+        @if session.tenant.is_none() {
+            form.filters method="get" action="/cron" {
+                label {
+                    "tenant " input name="tenant" value=(set(&query.tenant).unwrap_or("")) size="38";
+                }
+                button { "Find" }
+            }
         }
-        body.push_str("</tr>");
-    }
-    body.push_str("</table>");
-    if let (None, Some(next)) = (wanted, next) {
-        body.push_str(&format!(
-            "<p><a href=\"/cron?after={}\">More tenants</a></p>",
-            query_value(&next.to_string())
-        ));
-    }
-    html_page(StatusCode::OK, page("Cron", Some(&session.csrf), &body))
+        @if tenants.is_empty() {
+            p.note {
+                @match wanted {
+                    Some(id) => { "The directory holds no tenant " (id) "." }
+                    None => { "The directory holds no tenant." }
+                }
+            }
+        } @else {
+            table #tiers {
+                tr {
+                    th { "tenant" }
+                    @for task in &tiered {
+                        th { (task.kind.as_str()) ": tier" }
+                        th { (task.kind.as_str()) ": next" }
+                    }
+                }
+                @for tenant in &tenants {
+                    tr {
+                        td.id { (tenant.id) }
+                        @for task in &tiered {
+                            @let (tier, said) = task
+                                .tier
+                                .as_ref()
+                                .map(|rule| tier_cell(rule, tenant))
+                                .unwrap_or_default();
+                            td { (said) }
+                            td { (task.next_slot_for(tier, now).map_or_else(|| "-".to_owned(), time)) }
+                        }
+                    }
+                }
+            }
+            @if let Some(more) = more {
+                p { a href=(more) { "More tenants" } }
+            }
+        }
+    })
 }
 
 /// The tenant's tier under `rule` and how the page says it: the entitlement's value, or the

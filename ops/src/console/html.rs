@@ -1,17 +1,64 @@
-//! The console's markup: every value that reaches a page goes through [`escape`], so a
-//! payload or an error text holding markup renders as text.
+//! The console's markup, built with [`maud`]: every value interpolated into a page is
+//! escaped by construction (`PreEscaped` marks the few literal fragments that are markup), so
+//! a payload or an error text holding markup renders as text. [`page`] then shows what would
+//! hide itself (control, bidirectional and zero-width characters), whichever value brought it.
 
 use std::fmt::Write as _;
 
-/// `text` safe in HTML text and in a double-quoted attribute.
-pub(crate) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+use maud::{DOCTYPE, Markup, html};
+
+/// A whole page, ready to send: the layout, the navigation (with the sign-out form when
+/// `signed_in` holds the session's form token) and `body`, shown by [`shown`].
+pub(crate) fn page(title: &str, signed_in: Option<&str>, body: Markup) -> String {
+    let page = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · jobs console" }
+                link rel="stylesheet" href="/assets/console.css";
+                script src="/assets/console.js" defer {}
+            }
+            body {
+                header {
+                    strong { "jobs console" }
+                    @if let Some(csrf) = signed_in {
+                        nav {
+                            a href="/" { "Overview" } " "
+                            a href="/letters" { "Dead letters" } " "
+                            a href="/runs" { "Bulk runs" } " "
+                            a href="/cron" { "Cron" }
+                            form method="post" action="/logout" class="inline" {
+                                (csrf_field(csrf))
+                                button { "Sign out" }
+                            }
+                        }
+                    }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+    };
+    shown(&page.into_string())
+}
+
+/// The hidden field that carries the session's form token in every state-changing form.
+pub(crate) fn csrf_field(csrf: &str) -> Markup {
+    html! { input type="hidden" name="csrf" value=(csrf); }
+}
+
+/// `rendered` with every character that would change or hide what is around it shown as
+/// `[U+XXXX]`, and every `'` as `&#39;` (maud escapes `&`, `<`, `>` and `"`; the console's
+/// attributes are double-quoted, so a `'` is text wherever it stands). The page's own markup
+/// holds no such character, so whatever this changes came from a value.
+fn shown(rendered: &str) -> String {
+    let mut out = String::with_capacity(rendered.len());
+    for c in rendered.chars() {
         match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
             c if hidden(c) => {
                 let _ = write!(out, "[U+{:04X}]", u32::from(c));
@@ -25,7 +72,7 @@ pub(crate) fn escape(text: &str) -> String {
 /// Whether `c` would change or hide what is around it instead of showing itself: control
 /// characters but the line break and the tab, bidirectional overrides and isolates (a
 /// `U+202E` in an error would make it read backwards), zero-width characters and line
-/// separators. [`escape`] shows them as `[U+XXXX]`.
+/// separators.
 fn hidden(c: char) -> bool {
     (c.is_control() && c != '\n' && c != '\t')
         || matches!(
@@ -38,43 +85,24 @@ fn hidden(c: char) -> bool {
         )
 }
 
-/// `text` as a query-string value.
-pub(crate) fn query_value(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
+/// A console link: `path` with `pairs` as its query string, each value encoded, the pairs
+/// without a value left out.
+pub(crate) fn link<'a>(
+    path: &str,
+    pairs: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for (name, value) in pairs {
+        if let Some(value) = value {
+            query.append_pair(name, value);
         }
     }
-    out
-}
-
-/// A whole page: the layout, the navigation and `body` (markup already escaped).
-pub(crate) fn page(title: &str, signed_in: Option<&str>, body: &str) -> String {
-    let nav = match signed_in {
-        Some(csrf) => format!(
-            "<nav><a href=\"/\">Overview</a> <a href=\"/letters\">Dead letters</a> \
-             <a href=\"/runs\">Bulk runs</a> <a href=\"/cron\">Cron</a>\
-             <form method=\"post\" action=\"/logout\" class=\"inline\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-             <button>Sign out</button></form></nav>",
-            escape(csrf)
-        ),
-        None => String::new(),
-    };
-    format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{} · jobs console</title>\
-         <link rel=\"stylesheet\" href=\"/assets/console.css\">\
-         <script src=\"/assets/console.js\" defer></script></head>\
-         <body><header><strong>jobs console</strong>{nav}</header><main>\
-         <h1>{}</h1>{body}</main></body></html>",
-        escape(title),
-        escape(title)
-    )
+    let query = query.finish();
+    if query.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{query}")
+    }
 }
 
 /// The first line of an error, with what varies between occurrences of the same failure
@@ -238,10 +266,15 @@ pub(crate) const JS: &str = r#"
 mod tests {
     use super::*;
 
+    /// `text` as a page shows it.
+    fn rendered(text: &str) -> String {
+        shown(&html! { (text) }.into_string())
+    }
+
     #[test]
     fn escaping_leaves_no_markup() {
         assert_eq!(
-            escape("<script>alert('x')</script> & \"q\""),
+            rendered("<script>alert('x')</script> & \"q\""),
             "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;"
         );
     }
@@ -249,11 +282,20 @@ mod tests {
     #[test]
     fn control_and_bidi_characters_are_shown_not_obeyed() {
         assert_eq!(
-            escape("paid\u{202E}dias\u{0007} ok\u{200B}!\nnext\tcol"),
+            rendered("paid\u{202E}dias\u{0007} ok\u{200B}!\nnext\tcol"),
             "paid[U+202E]dias[U+0007] ok[U+200B]!\nnext\tcol"
         );
-        assert_eq!(escape("\u{2066}x\u{2069}\r"), "[U+2066]x[U+2069][U+000D]");
-        assert_eq!(escape("naïve, 日本"), "naïve, 日本", "other letters pass");
+        assert_eq!(rendered("\u{2066}x\u{2069}\r"), "[U+2066]x[U+2069][U+000D]");
+        assert_eq!(rendered("naïve, 日本"), "naïve, 日本", "other letters pass");
+    }
+
+    #[test]
+    fn a_value_cannot_leave_its_attribute() {
+        let field = shown(&csrf_field("x\" onclick=\"alert(1)").into_string());
+        assert_eq!(
+            field,
+            "<input type=\"hidden\" name=\"csrf\" value=\"x&quot; onclick=&quot;alert(1)\">"
+        );
     }
 
     #[test]
@@ -293,7 +335,23 @@ mod tests {
     }
 
     #[test]
-    fn query_values_are_percent_encoded() {
-        assert_eq!(query_value("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+    fn links_encode_their_values_and_leave_out_the_unset() {
+        assert_eq!(
+            link("/letters", [("queue", Some("a b&c=d/é")), ("kind", None)]),
+            "/letters?queue=a+b%26c%3Dd%2F%C3%A9"
+        );
+        assert_eq!(link("/letters", [("queue", None)]), "/letters");
+        let parsed: Vec<(String, String)> = form_urlencoded::parse(
+            link("/x", [("q", Some("+ &#"))])
+                .trim_start_matches("/x?")
+                .as_bytes(),
+        )
+        .into_owned()
+        .collect();
+        assert_eq!(
+            parsed,
+            [("q".to_owned(), "+ &#".to_owned())],
+            "a link round-trips"
+        );
     }
 }

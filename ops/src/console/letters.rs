@@ -8,7 +8,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use jobs_core::{DeadLetter, DeadLetterId, DeadLetterStatus, Resolution};
 
-use super::html::{self, escape, page, query_value};
+use maud::{Markup, html};
+
+use super::html::{self, csrf_field, link, page};
 use super::{
     Console, Csrf, ListQuery, Session, Shared, authorised_post, filter_of, html_page, problem,
     redirect, resolver, set, time, unauthorised,
@@ -29,11 +31,8 @@ fn since_of(query: &ListQuery) -> Result<Option<SystemTime>, String> {
     Ok(SystemTime::now().checked_sub(span))
 }
 
-fn status_badge(status: DeadLetterStatus) -> String {
-    format!(
-        "<span class=\"status status-{s}\">{s}</span>",
-        s = status.as_str()
-    )
+fn status_badge(status: DeadLetterStatus) -> Markup {
+    html! { span class={ "status status-" (status.as_str()) } { (status.as_str()) } }
 }
 
 pub(super) async fn letters(
@@ -59,131 +58,117 @@ pub(super) async fn letters(
         shown.retain(|l| l.letter.at >= since);
         older_hidden = shown.len() < before;
     }
-    let value = |v: &Option<String>| escape(set(v).unwrap_or(""));
-    let status_options: String = ["", "pending_review", "replayed", "discarded"]
-        .iter()
-        .map(|s| {
-            let selected = if set(&query.status) == Some(*s)
-                || (s.is_empty() && set(&query.status).is_none())
-            {
-                " selected"
-            } else {
-                ""
-            };
-            let label = if s.is_empty() { "any" } else { s };
-            format!("<option value=\"{s}\"{selected}>{label}</option>")
-        })
-        .collect();
-    let mut body = format!(
-        "<form class=\"filters\" method=\"get\" action=\"/letters\">\
-         <label>status <select name=\"status\">{status_options}</select></label>\
-         <label>queue <input name=\"queue\" value=\"{}\"></label>\
-         <label>tenant <input name=\"tenant\" value=\"{}\"{}></label>\
-         <label>kind <input name=\"kind\" value=\"{}\"></label>\
-         <label>since <input name=\"since\" value=\"{}\" placeholder=\"24h\" size=\"5\"></label>\
-         <label>job or correlation id <input name=\"q\" value=\"{}\" size=\"38\"></label>\
-         <button>Filter</button></form>",
-        value(&query.queue),
-        value(&query.tenant),
-        if session.tenant.is_some() {
-            " disabled"
-        } else {
-            ""
-        },
-        value(&query.kind),
-        value(&query.since),
-        value(&query.q),
-    );
-    if console.runs.is_some() && set(&query.q).is_none() && set(&query.since).is_none() {
-        body.push_str(&bulk_forms(&query, &session));
-    }
-    if shown.is_empty() {
-        body.push_str("<p class=\"note\">No dead letter matches.</p>");
-    } else {
-        body.push_str(
-            "<table id=\"letters\"><tr><th>id</th><th>status</th><th>queue</th><th>kind</th>\
-             <th>tenant</th><th>attempts</th><th>dead-lettered</th><th>last error</th></tr>",
-        );
-        for l in &shown {
-            body.push_str(&letter_row(l));
+    let value = |v: &Option<String>| set(v).unwrap_or("").to_owned();
+    let status = set(&query.status).unwrap_or("");
+    let older = (full_page && !older_hidden)
+        .then(|| shown.last())
+        .flatten()
+        .map(|last| {
+            let before = last.id.0.to_string();
+            link(
+                "/letters",
+                [
+                    ("before", Some(before.as_str())),
+                    ("status", set(&query.status)),
+                    ("queue", set(&query.queue)),
+                    ("tenant", set(&query.tenant)),
+                    ("kind", set(&query.kind)),
+                    ("since", set(&query.since)),
+                    ("q", set(&query.q)),
+                ],
+            )
+        });
+    let body = html! {
+        form.filters method="get" action="/letters" {
+            label {
+                "status "
+                select name="status" {
+                    @for s in ["", "pending_review", "replayed", "discarded"] {
+                        option value=(s) selected[s == status] {
+                            @if s.is_empty() { "any" } @else { (s) }
+                        }
+                    }
+                }
+            }
+            label { "queue " input name="queue" value=(value(&query.queue)); }
+            label {
+                "tenant "
+                input name="tenant" value=(value(&query.tenant)) disabled[session.tenant.is_some()];
+            }
+            label { "kind " input name="kind" value=(value(&query.kind)); }
+            label {
+                "since " input name="since" value=(value(&query.since)) placeholder="24h" size="5";
+            }
+            label { "job or correlation id " input name="q" value=(value(&query.q)) size="38"; }
+            button { "Filter" }
         }
-        body.push_str("</table>");
-    }
-    if full_page
-        && !older_hidden
-        && let Some(last) = shown.last()
-    {
-        let mut next = format!("/letters?before={}", last.id.0);
-        for (name, v) in [
-            ("status", &query.status),
-            ("queue", &query.queue),
-            ("tenant", &query.tenant),
-            ("kind", &query.kind),
-            ("since", &query.since),
-            ("q", &query.q),
-        ] {
-            if let Some(v) = set(v) {
-                next.push_str(&format!("&{name}={}", query_value(v)));
+        @if console.runs.is_some() && set(&query.q).is_none() && set(&query.since).is_none() {
+            (bulk_forms(&query, &session))
+        }
+        @if shown.is_empty() {
+            p.note { "No dead letter matches." }
+        } @else {
+            table #letters {
+                tr {
+                    th { "id" } th { "status" } th { "queue" } th { "kind" } th { "tenant" }
+                    th { "attempts" } th { "dead-lettered" } th { "last error" }
+                }
+                @for l in &shown { (letter_row(l)) }
             }
         }
-        body.push_str(&format!(
-            "<p><a href=\"{}\">Older letters</a></p>",
-            escape(&next)
-        ));
-    }
+        @if let Some(older) = older {
+            p { a href=(older) { "Older letters" } }
+        }
+    };
     html_page(
         StatusCode::OK,
-        page("Dead letters", Some(&session.csrf), &body),
+        page("Dead letters", Some(&session.csrf), body),
     )
 }
 
 /// The list's bulk actions: over the letters waiting for review that its filter matches; each
 /// goes to a confirmation stating the count first.
-fn bulk_forms(query: &ListQuery, session: &Session) -> String {
-    let mut fields = format!(
-        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
-        escape(&session.csrf)
-    );
-    for (name, value) in [
-        ("queue", &query.queue),
-        ("tenant", &query.tenant),
-        ("kind", &query.kind),
-    ] {
-        if let Some(value) = set(value) {
-            fields.push_str(&format!(
-                "<input type=\"hidden\" name=\"{name}\" value=\"{}\">",
-                escape(value)
-            ));
+fn bulk_forms(query: &ListQuery, session: &Session) -> Markup {
+    let fields = html! {
+        (csrf_field(&session.csrf))
+        @for (name, value) in [("queue", &query.queue), ("tenant", &query.tenant), ("kind", &query.kind)] {
+            @if let Some(value) = set(value) {
+                input type="hidden" name=(name) value=(value);
+            }
+        }
+    };
+    html! {
+        p {
+            "Every letter waiting for review that this filter matches: "
+            form method="post" action="/bulk" class="inline" {
+                (fields)
+                input type="hidden" name="action" value="replay";
+                button #bulk-replay { "Replay all…" }
+            }
+            form method="post" action="/bulk" class="inline" {
+                (fields)
+                input type="hidden" name="action" value="discard";
+                button #bulk-discard .danger { "Discard all…" }
+            }
         }
     }
-    format!(
-        "<p>Every letter waiting for review that this filter matches: \
-         <form method=\"post\" action=\"/bulk\" class=\"inline\">{fields}\
-         <input type=\"hidden\" name=\"action\" value=\"replay\">\
-         <button id=\"bulk-replay\">Replay all…</button></form>\
-         <form method=\"post\" action=\"/bulk\" class=\"inline\">{fields}\
-         <input type=\"hidden\" name=\"action\" value=\"discard\">\
-         <button id=\"bulk-discard\" class=\"danger\">Discard all…</button></form></p>"
-    )
 }
 
-fn letter_row(letter: &DeadLetter) -> String {
+fn letter_row(letter: &DeadLetter) -> Markup {
     let l = &letter.letter;
-    format!(
-        "<tr data-id=\"{id}\"><td><a href=\"/letters/{id}\">{id}</a></td><td>{}</td><td>{}</td>\
-         <td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
-        status_badge(letter.status),
-        escape(l.queue.as_str()),
-        escape(l.kind.as_ref().map_or("-", |k| k.as_str())),
-        escape(
-            &l.tenant_id
-                .map_or_else(|| "-".to_owned(), |t| t.to_string())
-        ),
-        l.attempts,
-        time(l.at),
-        escape(&html::normalise_error(&l.last_error)),
-        id = letter.id.0,
-    )
+    let id = letter.id.0;
+    html! {
+        tr data-id=(id) {
+            td { a href={ "/letters/" (id) } { (id) } }
+            td { (status_badge(letter.status)) }
+            td { (l.queue.as_str()) }
+            td { (l.kind.as_ref().map_or("-", |k| k.as_str())) }
+            td { (l.tenant_id.map_or_else(|| "-".to_owned(), |t| t.to_string())) }
+            td.n { (l.attempts) }
+            td { (time(l.at)) }
+            td { (html::normalise_error(&l.last_error)) }
+        }
+    }
 }
 
 /// The letter `id` as `session` may see it: another tenant's is no letter at all.
@@ -226,10 +211,7 @@ pub(super) async fn letter(
         Err(answer) => return *answer,
     };
     let l = &letter.letter;
-    let field =
-        |name: &str, value: String| format!("<dt>{}</dt><dd>{}</dd>", escape(name), escape(&value));
-    let mut body = format!("<p>{}</p><dl>", status_badge(letter.status));
-    for (name, value) in [
+    let fields = [
         ("queue", l.queue.as_str().to_owned()),
         (
             "kind",
@@ -248,71 +230,66 @@ pub(super) async fn letter(
         ("attempts", l.attempts.to_string()),
         ("dead-lettered", time(l.at)),
         ("status since", time(letter.updated_at)),
-    ] {
-        body.push_str(&field(name, value));
-    }
-    body.push_str("</dl><h2>Last error</h2>");
-    body.push_str(&format!(
-        "<pre id=\"error\">{}</pre>",
-        escape(&l.last_error)
-    ));
-    match serde_json::from_slice::<serde_json::Value>(&l.payload) {
-        Ok(value) => {
-            let pretty = serde_json::to_string_pretty(&value).unwrap_or_default();
-            body.push_str(&format!(
-                "<h2>Envelope</h2><pre id=\"envelope\">{}</pre>",
-                escape(&pretty)
-            ));
-        }
+    ];
+    let payload = match serde_json::from_slice::<serde_json::Value>(&l.payload) {
+        Ok(value) => html! {
+            h2 { "Envelope" }
+            pre #envelope { (serde_json::to_string_pretty(&value).unwrap_or_default()) }
+        },
         Err(_) => {
             let (text, shown) = html::raw_bytes(&l.payload);
-            body.push_str(&format!(
-                "<h2>Raw bytes ({} bytes, {})</h2><pre id=\"raw\">{}</pre>",
-                l.payload.len(),
-                if text { "as text" } else { "in hex" },
-                escape(&shown)
-            ));
-        }
-    }
-    body.push_str("<h2>History</h2>");
-    match console.dead_letters.history(letter.id).await {
-        Ok(events) if events.is_empty() => {
-            body.push_str("<p class=\"note\">Dead-lettered; not reviewed yet.</p>");
-        }
-        Ok(events) => {
-            body.push_str("<table id=\"history\"><tr><th>when</th><th>change</th><th>by</th></tr>");
-            for event in events {
-                body.push_str(&format!(
-                    "<tr><td>{}</td><td>{} → {}</td><td>{}</td></tr>",
-                    time(event.at),
-                    event.from.as_str(),
-                    event.to.as_str(),
-                    escape(&event.by)
-                ));
+            html! {
+                h2 {
+                    "Raw bytes (" (l.payload.len()) " bytes, "
+                    (if text { "as text" } else { "in hex" }) ")"
+                }
+                pre #raw { (shown) }
             }
-            body.push_str("</table>");
         }
-        Err(e) => body.push_str(&format!(
-            "<p class=\"error\">The history could not be read: {}</p>",
-            escape(&e.to_string())
-        )),
-    }
-    if letter.status == DeadLetterStatus::PendingReview {
-        let csrf = escape(&session.csrf);
-        body.push_str(&format!(
-            "<h2>Put it back</h2>\
-             <form method=\"post\" action=\"/letters/{id}/replay\" class=\"inline\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-             <button id=\"replay\">Replay to {}</button></form>\
-             <form method=\"post\" action=\"/letters/{id}/discard\" class=\"inline\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-             <button id=\"discard\" class=\"danger\">Discard</button></form>",
-            escape(l.queue.as_str()),
-        ));
-    }
+    };
+    let history = match console.dead_letters.history(letter.id).await {
+        Ok(events) if events.is_empty() => {
+            html! { p.note { "Dead-lettered; not reviewed yet." } }
+        }
+        Ok(events) => html! {
+            table #history {
+                tr { th { "when" } th { "change" } th { "by" } }
+                @for event in events {
+                    tr {
+                        td { (time(event.at)) }
+                        td { (event.from.as_str()) " → " (event.to.as_str()) }
+                        td { (event.by) }
+                    }
+                }
+            }
+        },
+        Err(e) => html! { p.error { "The history could not be read: " (e) } },
+    };
+    let body = html! {
+        p { (status_badge(letter.status)) }
+        dl {
+            @for (name, value) in fields { dt { (name) } dd { (value) } }
+        }
+        h2 { "Last error" }
+        pre #error { (l.last_error) }
+        (payload)
+        h2 { "History" }
+        (history)
+        @if letter.status == DeadLetterStatus::PendingReview {
+            h2 { "Put it back" }
+            form method="post" action={ "/letters/" (id) "/replay" } class="inline" {
+                (csrf_field(&session.csrf))
+                button #replay { "Replay to " (l.queue.as_str()) }
+            }
+            form method="post" action={ "/letters/" (id) "/discard" } class="inline" {
+                (csrf_field(&session.csrf))
+                button #discard .danger { "Discard" }
+            }
+        }
+    };
     html_page(
         StatusCode::OK,
-        page(&format!("Dead letter {id}"), Some(&session.csrf), &body),
+        page(&format!("Dead letter {id}"), Some(&session.csrf), body),
     )
 }
 

@@ -13,10 +13,11 @@
 //! Safety: every page but sign-in needs a session, made from a [`ConsoleToken`] of the
 //! configuration (`401` without one); a token scoped to a tenant sees and touches that
 //! tenant's letters, runs and tier only, everywhere (another's letter is `404`), and no queue
-//! figures, which are not per tenant. Every state-changing request is a POST that must come from the
-//! console's own origin and carry the session's form token. Every value is escaped, and the
-//! pages are served with a `Content-Security-Policy` that runs no inline script, so markup in
-//! a payload or an error renders as text.
+//! figures, which are not per tenant. Every state-changing request is a POST that must come
+//! from the console's own origin and carry the session's form token. Every value is escaped
+//! by construction (the pages are maud markup, `html.rs`), and the pages are served with a
+//! `Content-Security-Policy` that runs no inline script, so markup in a payload or an error
+//! renders as text.
 
 mod auth;
 mod bulk;
@@ -51,7 +52,8 @@ pub use auth::{ConsoleToken, MIN_SECRET_LEN};
 
 use crate::hosts::{AllowedHosts, PublicUrl};
 use auth::{Gate, Session};
-use html::{escape, page, query_value};
+use html::{link, page};
+use maud::{Markup, PreEscaped, html};
 
 /// Letters a list page shows.
 const PAGE_SIZE: u32 = 50;
@@ -286,8 +288,7 @@ async fn plain_as_page(response: Response) -> Response {
         _ => "the request was refused",
     };
     let title = status.canonical_reason().unwrap_or("Error");
-    let body = format!("<p class=\"error\">{}</p>", escape(why));
-    let mut page = html_page(status, page(title, None, &body));
+    let mut page = html_page(status, page(title, None, html! { p.error { (why) } }));
     // What the refusal said besides its body (an `Allow`, a `Retry-After`) stays.
     for (name, value) in response.headers() {
         if name != CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
@@ -338,10 +339,13 @@ fn unauthorised() -> Response {
         page(
             "Sign in",
             None,
-            "<p>Sign in with a console token.</p>\
-             <form method=\"post\" action=\"/login\">\
-             <label>Token <input type=\"password\" name=\"token\" autocomplete=\"off\"></label>\
-             <button>Sign in</button></form>",
+            html! {
+                p { "Sign in with a console token." }
+                form method="post" action="/login" {
+                    label { "Token " input type="password" name="token" autocomplete="off"; }
+                    button { "Sign in" }
+                }
+            },
         ),
     )
 }
@@ -352,7 +356,7 @@ fn problem(status: StatusCode, session: &Session, message: &str) -> Response {
         page(
             status.canonical_reason().unwrap_or("Error"),
             Some(&session.csrf),
-            &format!("<p class=\"error\">{}</p>", escape(message)),
+            html! { p.error { (message) } },
         ),
     )
 }
@@ -425,10 +429,11 @@ fn too_many_sign_ins(wait: std::time::Duration) -> Response {
         page(
             "Too many sign-ins",
             None,
-            &format!(
-                "<p class=\"error\" id=\"throttled\">Too many failed sign-ins from this \
-                 address: try again in {seconds} s.</p>"
-            ),
+            html! {
+                p.error #throttled {
+                    "Too many failed sign-ins from this address: try again in " (seconds) " s."
+                }
+            },
         ),
     );
     if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
@@ -546,61 +551,17 @@ async fn overview(
         .and_then(|page| page.parse::<usize>().ok())
         .unwrap_or(0);
     console.sample();
-    let mut body = String::new();
-    if session.tenant.is_some() {
-        body.push_str(
-            "<p class=\"note\">Queue figures are not kept per tenant, so a tenant's token \
-             shows none.</p>",
-        );
+    let queues = if session.tenant.is_some() {
+        html! {
+            p.note {
+                "Queue figures are not kept per tenant, so a tenant's token shows none."
+            }
+        }
     } else if console.depth.is_none() {
-        body.push_str("<p class=\"note\">This transport does not report queue depth.</p>");
+        html! { p.note { "This transport does not report queue depth." } }
     } else {
-        body.push_str(
-            "<h2>Queues</h2><table id=\"queues\"><tr><th>queue</th><th>ready</th>\
-             <th>delayed</th><th>in flight</th><th>depth, last 10 minutes</th></tr>",
-        );
-        let rows = queue_rows(&console).await;
-        let shown = at_page.saturating_mul(QUEUES_PER_PAGE).min(rows.len());
-        let pages = rows.len().div_ceil(QUEUES_PER_PAGE);
-        for (name, d) in rows.iter().skip(shown).take(QUEUES_PER_PAGE).cloned() {
-            let cell = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
-            body.push_str(&format!(
-                "<tr data-queue=\"{q}\"><td><a href=\"/letters?queue={qv}\">{q}</a></td>\
-                 <td class=\"n\" data-field=\"ready\">{}</td>\
-                 <td class=\"n\" data-field=\"delayed\">{}</td>\
-                 <td class=\"n\" data-field=\"in_flight\">{}</td>\
-                 <td><svg class=\"spark\" viewBox=\"0 0 100 30\" preserveAspectRatio=\"none\">\
-                 <polyline points=\"{}\"></polyline></svg></td></tr>",
-                cell(d.map(|d| d.ready)),
-                cell(d.map(|d| d.delayed)),
-                cell(d.map(|d| d.in_flight)),
-                html::spark(&console.history(&name)),
-                q = escape(name.as_str()),
-                qv = query_value(name.as_str()),
-            ));
-        }
-        body.push_str("</table>");
-        if pages > 1 {
-            body.push_str(&format!(
-                "<p class=\"note\" id=\"queue-pages\">Queues {}&ndash;{} of {}, the busiest first.",
-                shown + 1,
-                (shown + QUEUES_PER_PAGE).min(rows.len()),
-                rows.len()
-            ));
-            if at_page > 0 {
-                let previous = (at_page - 1).min(pages - 1);
-                body.push_str(&format!(" <a href=\"/?page={previous}\">previous</a>"));
-            }
-            if at_page + 1 < pages {
-                body.push_str(&format!(" <a href=\"/?page={}\">next</a>", at_page + 1));
-            }
-            body.push_str("</p>");
-        }
-        body.push_str(
-            "<p class=\"note\">Refreshed every 5 s, last at \
-             <span id=\"refreshed\">load</span>.</p>",
-        );
-    }
+        queues_table(&console, at_page).await
+    };
     let filter = DeadLetterFilter {
         status: Some(DeadLetterStatus::PendingReview),
         tenant_id: session.tenant,
@@ -608,44 +569,82 @@ async fn overview(
         limit: 500,
         ..DeadLetterFilter::default()
     };
-    match counts(&console, filter).await {
+    let letters = match counts(&console, filter).await {
         Ok((seen, by_queue, by_error)) => {
-            body.push_str(&format!(
-                "<h2>Dead letters waiting for review</h2><p class=\"note\">{seen} counted{}.</p>",
-                if seen >= COUNTED as usize {
-                    format!(" (the newest {COUNTED})")
-                } else {
-                    String::new()
-                }
-            ));
-            body.push_str("<table><tr><th>queue</th><th>letters</th></tr>");
-            for (queue, n) in by_queue {
-                body.push_str(&format!(
-                    "<tr><td><a href=\"/letters?status=pending_review&amp;queue={}\">{}</a></td>\
-                     <td class=\"n\">{n}</td></tr>",
-                    query_value(&queue),
-                    escape(&queue)
-                ));
-            }
-            body.push_str(
-                "</table><h2>By error</h2><table><tr><th>error</th><th>letters</th></tr>",
-            );
             let mut errors: Vec<(String, usize)> = by_error.into_iter().collect();
             errors.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            for (error, n) in errors.into_iter().take(50) {
-                body.push_str(&format!(
-                    "<tr><td>{}</td><td class=\"n\">{n}</td></tr>",
-                    escape(&error)
-                ));
+            html! {
+                h2 { "Dead letters waiting for review" }
+                p.note {
+                    (seen) " counted"
+                    @if seen >= COUNTED as usize { " (the newest " (COUNTED) ")" }
+                    "."
+                }
+                table {
+                    tr { th { "queue" } th { "letters" } }
+                    @for (queue, n) in by_queue {
+                        @let href = link("/letters", [("status", Some("pending_review")), ("queue", Some(queue.as_str()))]);
+                        tr { td { a href=(href) { (queue) } } td.n { (n) } }
+                    }
+                }
+                h2 { "By error" }
+                table {
+                    tr { th { "error" } th { "letters" } }
+                    @for (error, n) in errors.into_iter().take(50) {
+                        tr { td { (error) } td.n { (n) } }
+                    }
+                }
             }
-            body.push_str("</table>");
         }
-        Err(e) => body.push_str(&format!(
-            "<p class=\"error\">The store did not answer: {}</p>",
-            escape(&e.to_string())
-        )),
+        Err(e) => html! { p.error { "The store did not answer: " (e) } },
+    };
+    let body = html! { (queues) (letters) };
+    html_page(StatusCode::OK, page("Overview", Some(&session.csrf), body))
+}
+
+/// The overview's table of queues: page `at_page` of them, the busiest first, refreshed by
+/// the script from `/queues.json`.
+async fn queues_table(console: &Console, at_page: usize) -> Markup {
+    let rows = queue_rows(console).await;
+    let shown = at_page.saturating_mul(QUEUES_PER_PAGE).min(rows.len());
+    let pages = rows.len().div_ceil(QUEUES_PER_PAGE);
+    let cell = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    html! {
+        h2 { "Queues" }
+        table #queues {
+            tr {
+                th { "queue" } th { "ready" } th { "delayed" } th { "in flight" }
+                th { "depth, last 10 minutes" }
+            }
+            @for (name, d) in rows.iter().skip(shown).take(QUEUES_PER_PAGE) {
+                tr data-queue=(name.as_str()) {
+                    td { a href=(link("/letters", [("queue", Some(name.as_str()))])) { (name.as_str()) } }
+                    td.n data-field="ready" { (cell(d.map(|d| d.ready))) }
+                    td.n data-field="delayed" { (cell(d.map(|d| d.delayed))) }
+                    td.n data-field="in_flight" { (cell(d.map(|d| d.in_flight))) }
+                    td {
+                        svg.spark viewBox="0 0 100 30" preserveAspectRatio="none" {
+                            polyline points=(html::spark(&console.history(name))) {}
+                        }
+                    }
+                }
+            }
+        }
+        @if pages > 1 {
+            p.note #queue-pages {
+                "Queues " (shown + 1) (PreEscaped("&ndash;"))
+                ((shown + QUEUES_PER_PAGE).min(rows.len())) " of " (rows.len())
+                ", the busiest first."
+                @if at_page > 0 {
+                    " " a href={ "/?page=" ((at_page - 1).min(pages - 1)) } { "previous" }
+                }
+                @if at_page + 1 < pages {
+                    " " a href={ "/?page=" (at_page + 1) } { "next" }
+                }
+            }
+        }
+        p.note { "Refreshed every 5 s, last at " span #refreshed { "load" } "." }
     }
-    html_page(StatusCode::OK, page("Overview", Some(&session.csrf), &body))
 }
 
 /// Pending letters counted by queue and by normalised error, over at most [`COUNTED`].
