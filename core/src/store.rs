@@ -282,6 +282,20 @@ pub struct DeadLetter {
     pub updated_at: SystemTime,
 }
 
+/// A dead letter the store holds but cannot read as a [`DeadLetter`] (a row written by direct
+/// SQL or another version, whose queue, kind or consumer is no valid name, say): what a
+/// listing for people shows in its place, so that one such row costs its line, not the page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableLetter {
+    /// Its id: the row is still there, to be looked at or removed by hand.
+    pub id: DeadLetterId,
+    /// Why it cannot be read, naming the column (never the payload).
+    pub why: String,
+}
+
+/// One row of [`DeadLetterStore::listing`]: the letter, or why it cannot be read.
+pub type ListedLetter = Result<DeadLetter, UnreadableLetter>;
+
 /// The outcome of recording a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recorded {
@@ -418,8 +432,19 @@ pub trait DeadLetterStore: Send + Sync {
     /// One dead letter.
     async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError>;
 
-    /// Dead letters matching `filter`, in the order it asks for: id order or newest first.
+    /// Dead letters matching `filter`, in the order it asks for: id order or newest first. A
+    /// row that cannot be read fails the whole call (naming it); [`listing`](Self::listing)
+    /// reads around it.
     async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// [`list`](Self::list), row by row: a row the store cannot read takes its place in the
+    /// order as an [`UnreadableLetter`] rather than failing the call, so a listing for people
+    /// (the console, `jobsctl dead-letters list`) shows the rest. The page is full when it
+    /// holds `filter.limit` rows of either kind. A store whose rows are always readable (the
+    /// memory store's are typed) keeps this default.
+    async fn listing(&self, filter: &DeadLetterFilter) -> Result<Vec<ListedLetter>, StoreError> {
+        Ok(self.list(filter).await?.into_iter().map(Ok).collect())
+    }
 
     /// Whether a pending dead letter with this queue and dedup key exists.
     async fn pending(

@@ -11,14 +11,28 @@ use jobs_ops::compose::{Queue, Store};
 
 use crate::values;
 
-/// Prints the letters matching `filter`, as a table or JSON Lines.
+/// Prints the letters matching `filter`, as a table or JSON Lines. A row the store cannot
+/// read as a letter is left out with a warning on `err` naming its id and why, so one bad row
+/// costs its line, not the listing.
 pub(crate) async fn list(
     store: &Store,
     filter: &DeadLetterFilter,
     as_json: bool,
     out: &mut impl Write,
+    err: &mut impl Write,
 ) -> Result<()> {
-    let letters = store.dead_letters().list(filter).await?;
+    let rows = store.dead_letters().listing(filter).await?;
+    let mut letters = Vec::with_capacity(rows.len());
+    for row in &rows {
+        match row {
+            Ok(letter) => letters.push(letter),
+            Err(unreadable) => writeln!(
+                err,
+                "warning: dead letter {} cannot be read and is not listed: {}",
+                unreadable.id, unreadable.why
+            )?,
+        }
+    }
     if as_json {
         for letter in &letters {
             writeln!(out, "{}", to_json(letter))?;
@@ -43,10 +57,11 @@ pub(crate) async fn list(
             first_line(&l.last_error, 60)
         )?;
     }
-    if letters.len() == usize::try_from(filter.limit).unwrap_or(usize::MAX)
-        && let Some(last) = letters.last()
+    if rows.len() == usize::try_from(filter.limit).unwrap_or(usize::MAX)
+        && let Some(last) = rows.last()
     {
-        writeln!(out, "(more may follow: --after {})", last.id)?;
+        let last = last.as_ref().map_or_else(|u| u.id, |l| l.id);
+        writeln!(out, "(more may follow: --after {last})")?;
     }
     Ok(())
 }

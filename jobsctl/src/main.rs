@@ -294,7 +294,7 @@ async fn dead_letter_command(
                 ..DeadLetterFilter::default()
             };
             let store = Store::connect(config).await?;
-            dead_letters::list(&store, &filter, json, out).await
+            dead_letters::list(&store, &filter, json, out, &mut std::io::stderr()).await
         }
         DeadLetterCommand::Show { id, json } => {
             let store = Store::connect(config).await?;

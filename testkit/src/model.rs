@@ -418,6 +418,12 @@ impl<S: DeadLetterStore> DeadLetterStore for MutantStore<S> {
     async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError> {
         self.inner.list(filter).await
     }
+    async fn listing(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> Result<Vec<jobs_core::ListedLetter>, StoreError> {
+        self.inner.listing(filter).await
+    }
     async fn pending(&self, q: &QueueName, key: &str) -> Result<Option<DeadLetterId>, StoreError> {
         self.inner.pending(q, key).await
     }

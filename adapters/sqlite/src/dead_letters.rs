@@ -5,7 +5,8 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use jobs_core::{
     DeadLetter, DeadLetterEvent, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
-    NewDeadLetter, QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
+    ListedLetter, NewDeadLetter, QueueName, Recorded, Resolution, StoreError, TenantId, Transition,
+    UnreadableLetter,
 };
 use sqlx::sqlite::SqliteRow;
 use sqlx::{AssertSqlSafe, QueryBuilder, Row, SqliteConnection};
@@ -134,35 +135,10 @@ pub(crate) async fn record_on(
     )))
 }
 
-#[async_trait]
-impl DeadLetterStore for SqliteStore {
-    /// `insert ... on conflict do nothing returning id` against the unique index of pending
-    /// letters by `(queue, dedup_key)`; on conflict, the pending letter's id.
-    async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
-        let mut conn = self
-            .pool()
-            .acquire()
-            .await
-            .map_err(|e| store_error("connect to record a dead letter", e))?;
-        record_on(&mut conn, &letter).await
-    }
-
-    async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
-        // Constants only; the id is bound.
-        sqlx::query(AssertSqlSafe(format!(
-            "select {COLUMNS} from dead_letters where id = ?1"
-        )))
-        .bind(id.0)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(|e| store_error("read dead_letters", e))?
-        .as_ref()
-        .map(dead_letter)
-        .transpose()
-    }
-
-    /// Only the given criteria become predicates, so the listing indexes serve each shape.
-    async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError> {
+impl SqliteStore {
+    /// The rows `filter` matches, in its order. Only the given criteria become predicates, so
+    /// the listing indexes serve each shape.
+    async fn listed_rows(&self, filter: &DeadLetterFilter) -> Result<Vec<SqliteRow>, StoreError> {
         let mut query = QueryBuilder::new(format!("select {COLUMNS} from dead_letters where 1"));
         if let Some(status) = filter.status {
             query.push(" and status = ").push_bind(status.as_str());
@@ -207,9 +183,65 @@ impl DeadLetterStore for SqliteStore {
             .build()
             .fetch_all(self.pool())
             .await
-            .map_err(|e| store_error("list dead_letters", e))?
+            .map_err(|e| store_error("list dead_letters", e))
+    }
+}
+
+/// A listed row as a letter, or, when a column does not read as its type, as an
+/// [`UnreadableLetter`] naming why; an error only when not even its id reads.
+fn readable(row: &SqliteRow) -> Result<ListedLetter, StoreError> {
+    match dead_letter(row) {
+        Ok(letter) => Ok(Ok(letter)),
+        Err(why) => {
+            let id: i64 = row.try_get("id").map_err(decode_err)?;
+            Ok(Err(UnreadableLetter {
+                id: DeadLetterId(id),
+                why: why.to_string(),
+            }))
+        }
+    }
+}
+
+#[async_trait]
+impl DeadLetterStore for SqliteStore {
+    /// `insert ... on conflict do nothing returning id` against the unique index of pending
+    /// letters by `(queue, dedup_key)`; on conflict, the pending letter's id.
+    async fn record(&self, letter: NewDeadLetter) -> Result<Recorded, StoreError> {
+        let mut conn = self
+            .pool()
+            .acquire()
+            .await
+            .map_err(|e| store_error("connect to record a dead letter", e))?;
+        record_on(&mut conn, &letter).await
+    }
+
+    async fn get(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
+        // Constants only; the id is bound.
+        sqlx::query(AssertSqlSafe(format!(
+            "select {COLUMNS} from dead_letters where id = ?1"
+        )))
+        .bind(id.0)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(|e| store_error("read dead_letters", e))?
+        .as_ref()
+        .map(dead_letter)
+        .transpose()
+    }
+
+    async fn list(&self, filter: &DeadLetterFilter) -> Result<Vec<DeadLetter>, StoreError> {
+        self.listed_rows(filter)
+            .await?
             .iter()
             .map(dead_letter)
+            .collect()
+    }
+
+    async fn listing(&self, filter: &DeadLetterFilter) -> Result<Vec<ListedLetter>, StoreError> {
+        self.listed_rows(filter)
+            .await?
+            .iter()
+            .map(readable)
             .collect()
     }
 

@@ -316,3 +316,20 @@ async fn a_store_not_migrated_says_so_and_how_to_fix_it() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_letter_written_with_an_invalid_kind_is_listed_as_unreadable() {
+    with_files(|files| async move {
+        let store = files.store().await;
+        let pool = store.pool().clone();
+        contract::listing::reads_around_an_unreadable_letter(store, "kind", |id| async move {
+            sqlx::query("update dead_letters set kind = 'Not A Kind' where id = ?1")
+                .bind(id.0)
+                .execute(&pool)
+                .await
+                .expect("spoil the row");
+        })
+        .await;
+    })
+    .await;
+}

@@ -13,3 +13,4 @@ mod standing;
 #[path = "../../../ops/tests/it/temp.rs"]
 mod temp;
 mod transports;
+mod unreadable;

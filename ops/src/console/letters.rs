@@ -6,7 +6,9 @@ use std::time::{Duration, SystemTime};
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use jobs_core::{DeadLetter, DeadLetterId, DeadLetterStatus, Resolution};
+use jobs_core::{
+    DeadLetter, DeadLetterId, DeadLetterStatus, ListedLetter, Resolution, UnreadableLetter,
+};
 
 use maud::{Markup, html};
 
@@ -47,7 +49,7 @@ pub(super) async fn letters(
         (Ok(filter), Ok(since)) => (filter, since),
         (Err(e), _) | (_, Err(e)) => return problem(StatusCode::BAD_REQUEST, &session, &e),
     };
-    let mut shown = match console.dead_letters.list(&filter).await {
+    let mut shown = match console.dead_letters.listing(&filter).await {
         Ok(letters) => letters,
         Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &session, &e.to_string()),
     };
@@ -55,7 +57,8 @@ pub(super) async fn letters(
     let mut older_hidden = false;
     if let Some(since) = since {
         let before = shown.len();
-        shown.retain(|l| l.letter.at >= since);
+        // A row that cannot be read has no time to judge by: it stays.
+        shown.retain(|row| row.as_ref().map_or(true, |l| l.letter.at >= since));
         older_hidden = shown.len() < before;
     }
     let value = |v: &Option<String>| set(v).unwrap_or("").to_owned();
@@ -64,7 +67,7 @@ pub(super) async fn letters(
         .then(|| shown.last())
         .flatten()
         .map(|last| {
-            let before = last.id.0.to_string();
+            let before = listed_id(last).0.to_string();
             link(
                 "/letters",
                 [
@@ -113,7 +116,12 @@ pub(super) async fn letters(
                     th { "id" } th { "status" } th { "queue" } th { "kind" } th { "tenant" }
                     th { "attempts" } th { "dead-lettered" } th { "last error" }
                 }
-                @for l in &shown { (letter_row(l)) }
+                @for row in &shown {
+                    @match row {
+                        Ok(letter) => (letter_row(letter)),
+                        Err(unreadable) => (unreadable_row(unreadable)),
+                    }
+                }
             }
         }
         @if let Some(older) = older {
@@ -169,6 +177,23 @@ fn letter_row(letter: &DeadLetter) -> Markup {
             td { (html::normalise_error(&l.last_error)) }
         }
     }
+}
+
+/// A row the store could not read, in its place in the list: its id and why, across the
+/// other columns (it has no page of its own: the store cannot read it).
+fn unreadable_row(row: &UnreadableLetter) -> Markup {
+    html! {
+        tr.unreadable data-id=(row.id.0) {
+            td { (row.id.0) }
+            td { span.status { "unreadable" } }
+            td.error colspan="6" { (row.why) }
+        }
+    }
+}
+
+/// A listed row's id, readable or not: where the next page starts.
+pub(super) fn listed_id(row: &ListedLetter) -> DeadLetterId {
+    row.as_ref().map_or_else(|u| u.id, |l| l.id)
 }
 
 /// The letter `id` as `session` may see it: another tenant's is no letter at all.

@@ -570,7 +570,12 @@ async fn overview(
         ..DeadLetterFilter::default()
     };
     let letters = match counts(&console, filter).await {
-        Ok((seen, by_queue, by_error)) => {
+        Ok(Counts {
+            seen,
+            by_queue,
+            by_error,
+            unreadable,
+        }) => {
             let mut errors: Vec<(String, usize)> = by_error.into_iter().collect();
             errors.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             html! {
@@ -579,6 +584,12 @@ async fn overview(
                     (seen) " counted"
                     @if seen >= COUNTED as usize { " (the newest " (COUNTED) ")" }
                     "."
+                }
+                @if unreadable > 0 {
+                    p.error #unreadable {
+                        (unreadable) " of them cannot be read as letters: "
+                        a href="/letters?status=pending_review" { "the list" } " says why."
+                    }
                 }
                 table {
                     tr { th { "queue" } th { "letters" } }
@@ -647,28 +658,45 @@ async fn queues_table(console: &Console, at_page: usize) -> Markup {
     }
 }
 
+/// What the overview counts over the newest pending letters.
+#[derive(Default)]
+struct Counts {
+    /// Rows read, at most [`COUNTED`] (and a page more).
+    seen: usize,
+    by_queue: BTreeMap<String, usize>,
+    by_error: BTreeMap<String, usize>,
+    /// Rows the store could not read as letters (listed, with why, on the letters page).
+    unreadable: usize,
+}
+
 /// Pending letters counted by queue and by normalised error, over at most [`COUNTED`].
 async fn counts(
     console: &Console,
     mut filter: DeadLetterFilter,
-) -> Result<(usize, BTreeMap<String, usize>, BTreeMap<String, usize>), jobs_core::StoreError> {
-    let (mut seen, mut by_queue, mut by_error) = (0, BTreeMap::new(), BTreeMap::new());
+) -> Result<Counts, jobs_core::StoreError> {
+    let mut counts = Counts::default();
     loop {
-        let letters = console.dead_letters.list(&filter).await?;
-        for letter in &letters {
-            seen += 1;
-            *by_queue
+        let rows = console.dead_letters.listing(&filter).await?;
+        for row in &rows {
+            counts.seen += 1;
+            let Ok(letter) = row else {
+                counts.unreadable += 1;
+                continue;
+            };
+            *counts
+                .by_queue
                 .entry(letter.letter.queue.as_str().to_owned())
                 .or_insert(0) += 1;
-            *by_error
+            *counts
+                .by_error
                 .entry(html::normalise_error(&letter.letter.last_error))
                 .or_insert(0) += 1;
         }
-        match letters.last() {
-            Some(last) if letters.len() == filter.limit as usize && seen < COUNTED as usize => {
-                filter.before = Some(last.id);
+        match rows.last() {
+            Some(last) if rows.len() == filter.limit as usize && counts.seen < COUNTED as usize => {
+                filter.before = Some(letters::listed_id(last));
             }
-            _ => return Ok((seen, by_queue, by_error)),
+            _ => return Ok(counts),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! name of the first check that fails. Ordering of deliveries is never assumed.
 
 pub mod fairness;
+pub mod listing;
 pub mod queue;
 pub mod rate;
 pub mod store;

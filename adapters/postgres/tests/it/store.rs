@@ -364,3 +364,24 @@ async fn connecting_to_a_server_that_never_answers_fails_after_the_connect_timeo
     );
     drop(silent);
 }
+
+#[tokio::test]
+async fn a_letter_written_with_an_invalid_queue_name_is_listed_as_unreadable() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        let pool = store.pool().clone();
+        jobs_testkit::contract::listing::reads_around_an_unreadable_letter(
+            store,
+            "queue",
+            |id| async move {
+                sqlx::query("update core.dead_letters set queue = 'not a queue!' where id = $1")
+                    .bind(id.0)
+                    .execute(&pool)
+                    .await
+                    .expect("spoil the row");
+            },
+        )
+        .await;
+    })
+    .await;
+}
