@@ -186,3 +186,38 @@ async fn failures_retry_through_vercel_then_dead_letter_here_and_ack_there() {
     s.pool.close().await;
     s.db.drop_db().await;
 }
+
+/// Trusted-payload mode lets anyone who reaches the callback route run a job: the worker
+/// process says so at start, at WARN, naming the route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_trusting_pushed_payloads_warns_at_start_that_anyone_can_run_a_job() {
+    let emulator = VercelQueuesEmulator::start().await;
+    let db = TestDb::create().await;
+    let port = crate::worker_process::free_port();
+    let mut command = crate::worker_process::readme_worker(&db.url, port);
+    command
+        .env("JOBS_QUEUE_URL", "vercel-queues://iad1")
+        .env("VERCEL_OIDC_TOKEN", "a-token")
+        .env("VERCEL_QUEUES_BASE_URL", emulator.base_url())
+        .env("VERCEL_QUEUES_PUSH", "on")
+        .env("VERCEL_QUEUES_TRUST_PUSHED_PAYLOAD", "on");
+    let child = crate::process::Reaped(command.spawn().expect("the example starts"));
+    crate::process::eventually("the process serves", async || {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
+    let (_, log) = crate::process::terminate(child).await;
+    let warning = log
+        .lines()
+        .find(|line| line.contains("VERCEL_QUEUES_TRUST_PUSHED_PAYLOAD is on"))
+        .unwrap_or_else(|| panic!("no warning in the log:\n{log}"));
+    assert!(
+        warning.contains("WARN")
+            && warning.contains("anyone who can reach the route can run a job")
+            && warning.contains("/vercel/queues"),
+        "{warning}"
+    );
+    db.drop_db().await;
+}
