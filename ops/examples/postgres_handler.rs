@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use async_trait::async_trait;
-use jobs_adapter_postgres::{PgQueue, PgStore, PgWorkTx, sqlx};
+use jobs_adapter_postgres::{PgQueue, PgStore, PgWorkTx, error_class, sqlx};
 use jobs_consumers::{Handler, Job, JobError, Worker, WorkerConfig};
 use jobs_core::{ConsumerName, Envelope, PublishOptions, QueueName, QueuePort};
 use serde::Deserialize;
@@ -37,7 +37,7 @@ impl Handler<PgWorkTx> for BookInvoice {
             .bind(job.envelope.job_id.as_uuid())
             .execute(tx.conn())
             .await
-            .map_err(JobError::retry)?;
+            .map_err(|e| JobError::classed(error_class(&e), e))?;
         Ok(())
     }
 }

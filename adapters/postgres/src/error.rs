@@ -1,7 +1,7 @@
 //! From sqlx errors to the port's [`StoreError`]: transient failures are `Unavailable` (the
 //! runtime retries the job later), everything else is `Failed`.
 
-use jobs_core::StoreError;
+use jobs_core::{ErrorClass, StoreError};
 
 /// SQLSTATEs after which the same statement may succeed: serialization failure, deadlock,
 /// the server shutting down, restarting or not yet accepting connections, too many
@@ -72,6 +72,28 @@ pub(crate) fn store_error(what: &str, e: sqlx::Error) -> StoreError {
         StoreError::Unavailable { message, source }
     } else {
         StoreError::Failed { message, source }
+    }
+}
+
+/// How a handler's own `sqlx::Error` should count, classified as [`PgStore`](crate::PgStore)
+/// classifies its own, so that a missing table is not retried for a whole retry policy:
+/// a lost or refused connection, an exhausted pool, a serialization failure, a deadlock, a
+/// server shutting down or out of connections are [`ErrorClass::Retryable`]; everything
+/// else (an undefined table or column, a constraint violation, a data error, a syntax error,
+/// a row not found) is [`ErrorClass::Permanent`]. With `JobError::classed` in a handler:
+///
+/// ```
+/// # use jobs_adapter_postgres::{error_class, sqlx};
+/// # use jobs_core::ErrorClass;
+/// let e = sqlx::Error::PoolTimedOut;
+/// assert_eq!(error_class(&e), ErrorClass::Retryable);
+/// // In a handler: `.map_err(|e| JobError::classed(error_class(&e), e))`.
+/// ```
+pub fn error_class(e: &sqlx::Error) -> ErrorClass {
+    if is_transient(e) || is_conflict(e) {
+        ErrorClass::Retryable
+    } else {
+        ErrorClass::Permanent
     }
 }
 

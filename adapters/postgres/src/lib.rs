@@ -63,6 +63,7 @@ mod rows;
 mod tenants;
 mod tx;
 
+pub use error::error_class;
 #[cfg(feature = "queue")]
 pub use outbox::{Outbox, OutboxRelay};
 pub use partitions::{

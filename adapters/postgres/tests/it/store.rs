@@ -385,3 +385,58 @@ async fn a_letter_written_with_an_invalid_queue_name_is_listed_as_unreadable() {
     })
     .await;
 }
+
+/// A handler's own errors, classified by `error_class` on a real server: what running the
+/// job again cannot fix is permanent, what a new connection or a later try can fix retries.
+#[tokio::test]
+async fn a_handlers_sqlx_errors_are_classified_as_the_store_classifies_its_own() {
+    use jobs_adapter_postgres::error_class;
+    use jobs_core::ErrorClass::{Permanent, Retryable};
+    with_databases(|dbs| async move {
+        let pool = dbs.pool().await;
+        let failing = async |sql: &str| {
+            sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+                .execute(&pool)
+                .await
+                .expect_err(sql)
+        };
+        sqlx::query("create table ledger (invoice bigint primary key)")
+            .execute(&pool)
+            .await
+            .expect("a table");
+        sqlx::query("insert into ledger values (1)")
+            .execute(&pool)
+            .await
+            .expect("a row");
+        for (sql, why) in [
+            ("insert into no_such_table values (1)", "undefined table"),
+            ("select no_such_column from ledger", "undefined column"),
+            ("insert into ledger values (1)", "unique violation"),
+            ("insert into ledger values ('not a number')", "data error"),
+            ("selec 1", "syntax error"),
+        ] {
+            assert_eq!(error_class(&failing(sql).await), Permanent, "{why}");
+        }
+        // The server ends the connection under the statement: another connection may succeed.
+        let mut conn = pool.acquire().await.expect("a connection");
+        let pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("a pid");
+        sqlx::query("select pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&pool)
+            .await
+            .expect("terminate");
+        let lost = sqlx::query("select 1")
+            .execute(&mut *conn)
+            .await
+            .expect_err("the connection is gone");
+        assert_eq!(error_class(&lost), Retryable, "{lost}");
+        assert_eq!(error_class(&sqlx::Error::PoolTimedOut), Retryable);
+        // The broken connection goes back to the pool (which drops it) before the pool closes.
+        drop(conn);
+        pool.close().await;
+    })
+    .await;
+}
