@@ -57,10 +57,32 @@ pub enum WorkerError {
 }
 
 /// Tuning of a worker. The defaults suit handlers that take milliseconds to seconds.
+///
+/// Every setting, its default, what `WorkerBuilder::build` accepts (anything else is refused
+/// with a [`WorkerError::Config`] naming the field), and what it does per job
+/// ([`Worker::builder_on`](crate::Worker::builder_on)) and grouped
+/// ([`Worker::grouped_builder`](crate::Worker::grouped_builder)):
+///
+/// | setting | default | accepted | per job | grouped |
+/// |---|---|---|---|---|
+/// | `concurrency` | 8 | at least 1 | jobs running at once; the worker leases no more | groups running at once, each one work transaction of up to `group_size` jobs run one after another; the worker leases those groups' jobs and up to two groups more, fetched ahead |
+/// | `lease` | 60 s | 1 s to a day, and no longer than the transport allows ([`LeaseLimits::per_lease`](jobs_core::LeaseLimits::per_lease)) | how long a job stays leased; extended every third of it while it runs | the same for jobs waiting in a group; a running group's rows are locked by its transaction |
+/// | `handler_timeout` | 60 s | above zero, and no longer than the transport holds a delivery ([`LeaseLimits::per_delivery`](jobs_core::LeaseLimits::per_delivery)) | the handler's time limit (per kind: `WorkerBuilder::timeout`) | the same, per job of the group |
+/// | `poll_interval` | 500 ms | above zero | the wait before polling an empty queue again, unless woken | the same |
+/// | `shutdown_grace` | 30 s | any | how long running jobs may finish after a stop; fetched jobs not started are given back | the same; a group commits after the job it is running and gives back the rest |
+/// | `decode_limits` | 1 MiB envelopes | any [`DecodeLimits`] | the longest envelope decoded | the same |
+/// | `error_values` | off | on or off | whether a data error quotes the values | the same |
+/// | `group_size` | 64 | 1 to [`MAX_GROUP_SIZE`] | unused | the most jobs one group carries |
+/// | `group_linger` | 0 | any | unused | how long a short group waits for more jobs |
+/// | `group_time` | 100 ms (30 ms at most when fair) | above zero | unused | how long a group's handlers should take in all: groups hold at most this over the handlers' recent mean |
+///
+/// A worker's pool needs [`connections`](Self::connections) connections: one per running job
+/// or group, and three more.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WorkerConfig {
-    /// Deliveries handled at once.
+    /// Per job, jobs running at once; grouped, groups running at once (each up to
+    /// `group_size` jobs, one after another in one work transaction). See the table above.
     pub concurrency: usize,
     /// How long a delivery stays leased before another worker may take it; extended every
     /// third of it for as long as the delivery's work runs (waiting for a connection, the
@@ -142,18 +164,7 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// The limits `WorkerBuilder::build` holds a configuration to:
-    ///
-    /// | setting | default | must be |
-    /// |---|---|---|
-    /// | `concurrency` | 8 | at least 1 |
-    /// | `lease` | 60 s | 1 s to a day (it is extended every third of it), and no longer than the transport sets ([`LeaseLimits::per_lease`](jobs_core::LeaseLimits::per_lease)) |
-    /// | `handler_timeout` | 60 s | above zero, and (like every kind's own) no longer than the transport holds a delivery ([`LeaseLimits::per_delivery`](jobs_core::LeaseLimits::per_delivery)) |
-    /// | `poll_interval` | 500 ms | above zero |
-    /// | `shutdown_grace` | 30 s | any |
-    /// | `group_size` | 64 | 1 to [`MAX_GROUP_SIZE`] when grouped |
-    /// | `group_linger` | 0 | any |
-    /// | `group_time` | 100 ms (at most 30 ms when fair) | above zero |
+    /// Holds the configuration to the limits of the table on [`WorkerConfig`].
     pub(crate) fn check(&self) -> Result<(), WorkerError> {
         let refuse = |field: &str, value: String, why: &str| {
             Err(WorkerError::Config {
