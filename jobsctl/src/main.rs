@@ -233,38 +233,60 @@ async fn durable_queue(config: &Config, what: &str) -> Result<Queue> {
 }
 
 fn show_config(config: &Config, json: bool, out: &mut impl std::io::Write) -> Result<()> {
-    if !json {
-        writeln!(
-            out,
-            "{:<28} {:<28} {:<28} source",
-            "key", "value", "environment"
-        )?;
-        if let Some(file) = config.file() {
-            writeln!(out, "(configuration file: {})", file.display())?;
-        }
-    }
-    for key in compose::KEYS {
-        let setting = config.setting(key);
-        let value = setting.map(|s| key.shown(&s.value));
-        let source = setting.map_or_else(|| "unset".to_owned(), |s| s.source.to_string());
-        if json {
+    let rows: Vec<[String; 4]> = compose::KEYS
+        .iter()
+        .map(|key| {
+            let setting = config.setting(key);
+            [
+                key.name.to_owned(),
+                setting.map_or_else(|| "-".to_owned(), |s| key.shown(&s.value)),
+                key.env.to_owned(),
+                setting.map_or_else(|| "unset".to_owned(), |s| s.source.to_string()),
+            ]
+        })
+        .collect();
+    if json {
+        for (key, [name, value, env, source]) in compose::KEYS.iter().zip(&rows) {
+            let value = config.setting(key).map(|_| value);
             let line = serde_json::json!({
-                "key": key.name,
+                "key": name,
                 "value": value,
                 "source": source,
-                "env": key.env,
+                "env": env,
                 "flag": key.flag,
             });
             writeln!(out, "{line}")?;
-        } else {
-            writeln!(
-                out,
-                "{:<28} {:<28} {:<28} {source}",
-                key.name,
-                value.as_deref().unwrap_or("-"),
-                key.env
-            )?;
         }
+        return Ok(());
+    }
+    // Each column as wide as its longest cell, so a long value does not push the next ones.
+    let header = ["key", "value", "environment", "source"].map(str::to_owned);
+    let width = |column: usize| {
+        std::iter::once(&header)
+            .chain(&rows)
+            .map(|row| row[column].chars().count())
+            .max()
+            .unwrap_or(0)
+    };
+    let widths = [width(0), width(1), width(2)];
+    let line = |row: &[String; 4]| {
+        format!(
+            "{:<w0$}  {:<w1$}  {:<w2$}  {}",
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2]
+        )
+    };
+    writeln!(out, "{}", line(&header))?;
+    if let Some(file) = config.file() {
+        writeln!(out, "(configuration file: {})", file.display())?;
+    }
+    for row in &rows {
+        writeln!(out, "{}", line(row))?;
     }
     Ok(())
 }

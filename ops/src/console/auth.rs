@@ -147,6 +147,9 @@ pub(crate) struct Session {
     pub(crate) name: Option<String>,
     /// The token every state-changing form carries.
     pub(crate) csrf: String,
+    /// Whether it signed in with a token (a console without sign-in has one open session that
+    /// cannot sign out).
+    pub(crate) signed_in: bool,
     expires: Instant,
 }
 
@@ -239,6 +242,7 @@ impl Gate {
                 tenant: None,
                 name: None,
                 csrf: random_hex(),
+                signed_in: false,
                 expires: Instant::now() + Duration::from_secs(100 * 365 * 86_400),
             }),
             sessions: Mutex::default(),
@@ -270,6 +274,7 @@ impl Gate {
                 tenant: token.tenant,
                 name: token.name.clone(),
                 csrf: random_hex(),
+                signed_in: true,
                 expires: now + SESSION_LIFETIME,
             },
         );

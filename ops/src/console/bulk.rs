@@ -195,7 +195,7 @@ pub(crate) async fn ask(
     };
     html_page(
         StatusCode::OK,
-        page("Confirm a bulk action", Some(&session.csrf), body),
+        page("Confirm a bulk action", Some(&session), body),
     )
 }
 
@@ -346,7 +346,7 @@ pub(crate) async fn run_page(
     };
     let mut answer = html_page(
         StatusCode::OK,
-        page(&format!("Bulk run {id}"), Some(&session.csrf), body),
+        page(&format!("Bulk run {id}"), Some(&session), body),
     );
     if running {
         answer
@@ -418,7 +418,7 @@ pub(crate) async fn runs_page(State(console): Shared, headers: HeaderMap) -> Res
             }
         }
     };
-    html_page(StatusCode::OK, page("Bulk runs", Some(&session.csrf), body))
+    html_page(StatusCode::OK, page("Bulk runs", Some(&session), body))
 }
 
 #[cfg(test)]

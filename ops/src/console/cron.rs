@@ -65,7 +65,7 @@ pub(crate) async fn cron(
     };
     let cron_page = |tiers: Markup| {
         let body = html! { (tasks_table) (tiers) };
-        html_page(StatusCode::OK, page("Cron", Some(&session.csrf), body))
+        html_page(StatusCode::OK, page("Cron", Some(&session), body))
     };
     let tiered: Vec<&CronTask> = tasks.iter().filter(|t| t.tier.is_some()).collect();
     if tiered.is_empty() {

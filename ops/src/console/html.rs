@@ -7,9 +7,12 @@ use std::fmt::Write as _;
 
 use maud::{DOCTYPE, Markup, html};
 
-/// A whole page, ready to send: the layout, the navigation (with the sign-out form when
-/// `signed_in` holds the session's form token) and `body`, shown by [`shown`].
-pub(crate) fn page(title: &str, signed_in: Option<&str>, body: Markup) -> String {
+use super::auth::Session;
+
+/// A whole page, ready to send: the layout, the navigation for a `session` (with the sign-out
+/// form when it signed in: a console without sign-in has nothing to sign out of) and `body`,
+/// shown by [`shown`].
+pub(crate) fn page(title: &str, session: Option<&Session>, body: Markup) -> String {
     let page = html! {
         (DOCTYPE)
         html lang="en" {
@@ -23,15 +26,17 @@ pub(crate) fn page(title: &str, signed_in: Option<&str>, body: Markup) -> String
             body {
                 header {
                     strong { "jobs console" }
-                    @if let Some(csrf) = signed_in {
+                    @if let Some(session) = session {
                         nav {
                             a href="/" { "Overview" } " "
                             a href="/letters" { "Dead letters" } " "
                             a href="/runs" { "Bulk runs" } " "
                             a href="/cron" { "Cron" }
-                            form method="post" action="/logout" class="inline" {
-                                (csrf_field(csrf))
-                                button { "Sign out" }
+                            @if session.signed_in {
+                                form method="post" action="/logout" class="inline" {
+                                    (csrf_field(&session.csrf))
+                                    button { "Sign out" }
+                                }
                             }
                         }
                     }
@@ -83,6 +88,16 @@ fn hidden(c: char) -> bool {
                 | '\u{2060}'..='\u{2069}'
                 | '\u{FEFF}'
         )
+}
+
+/// The first line of `text`, at most `max` characters (then `…`): a letter's own error in a
+/// list row.
+pub(crate) fn first_line(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &line[..end]),
+        None => line.to_owned(),
+    }
 }
 
 /// A console link: `path` with `pairs` as its query string, each value encoded, the pairs
@@ -332,6 +347,17 @@ mod tests {
         assert_eq!(spark(&[]), "");
         assert_eq!(spark(&[0, 5, 10]), "0.0,30.0 50.0,16.0 100.0,2.0");
         assert_eq!(spark(&[3]), "0.0,2.0");
+    }
+
+    #[test]
+    fn a_first_line_is_cut_at_its_length_in_characters() {
+        assert_eq!(
+            first_line("customer 17 not found\nat line 3", 200),
+            "customer 17 not found"
+        );
+        assert_eq!(first_line("ééé", 2), "éé…");
+        assert_eq!(first_line("abc", 3), "abc");
+        assert_eq!(first_line("", 3), "");
     }
 
     #[test]

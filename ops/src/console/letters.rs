@@ -128,10 +128,7 @@ pub(super) async fn letters(
             p { a href=(older) { "Older letters" } }
         }
     };
-    html_page(
-        StatusCode::OK,
-        page("Dead letters", Some(&session.csrf), body),
-    )
+    html_page(StatusCode::OK, page("Dead letters", Some(&session), body))
 }
 
 /// The list's bulk actions: over the letters waiting for review that its filter matches; each
@@ -174,7 +171,7 @@ fn letter_row(letter: &DeadLetter) -> Markup {
             td { (l.tenant_id.map_or_else(|| "-".to_owned(), |t| t.to_string())) }
             td.n { (l.attempts) }
             td { (time(l.at)) }
-            td { (html::normalise_error(&l.last_error)) }
+            td { (html::first_line(&l.last_error, 200)) }
         }
     }
 }
@@ -314,7 +311,7 @@ pub(super) async fn letter(
     };
     html_page(
         StatusCode::OK,
-        page(&format!("Dead letter {id}"), Some(&session.csrf), body),
+        page(&format!("Dead letter {id}"), Some(&session), body),
     )
 }
 

@@ -355,7 +355,7 @@ fn problem(status: StatusCode, session: &Session, message: &str) -> Response {
         status,
         page(
             status.canonical_reason().unwrap_or("Error"),
-            Some(&session.csrf),
+            Some(session),
             html! { p.error { (message) } },
         ),
     )
@@ -610,7 +610,7 @@ async fn overview(
         Err(e) => html! { p.error { "The store did not answer: " (e) } },
     };
     let body = html! { (queues) (letters) };
-    html_page(StatusCode::OK, page("Overview", Some(&session.csrf), body))
+    html_page(StatusCode::OK, page("Overview", Some(&session), body))
 }
 
 /// The overview's table of queues: page `at_page` of them, the busiest first, refreshed by

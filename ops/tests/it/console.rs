@@ -243,6 +243,16 @@ async fn an_operator_sees_counts_by_error_and_replays_a_letter_onto_its_queue() 
         "three letters grouped as one error: {overview}"
     );
     assert!(overview.contains("data-queue=\"billing.invoices\""));
+    assert!(overview.contains("<button>Sign out</button>"), "{overview}");
+    let (_, list) = s
+        .get(Some(&cookie), "/letters?queue=billing.invoices")
+        .await;
+    for own in ["customer 17 not found", "customer 23 not found"] {
+        assert!(
+            list.contains(&format!("<td>{own}</td>")),
+            "each letter's own error: {list}"
+        );
+    }
     // The overview started the depth sampler; its first sample is taken at once.
     let mut sampled = false;
     for _ in 0..50 {
@@ -510,6 +520,7 @@ async fn without_sign_in_a_rebound_page_gets_neither_a_page_nor_a_discard() {
     );
     let (status, body) = s.get(None, &format!("/letters/{id}")).await;
     assert_eq!(status, StatusCode::OK, "its own address is served");
+    assert!(!body.contains("Sign out"), "nothing to sign out of: {body}");
     let discard = s
         .client
         .post(format!("{}/letters/{id}/discard", s.base))
