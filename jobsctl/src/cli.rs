@@ -49,9 +49,10 @@ pub(crate) struct ConfigFlags {
     /// [jobs.toml: database_url] [default: sqlite://.jobs/jobs.db].
     #[arg(long, global = true, value_name = "URL")]
     database_url: Option<String>,
-    /// The queue transport: memory:, postgres-queue://USER@HOST:PORT/DB,
-    /// vercel-queues://REGION, qstash: or qstash://REGION [env: JOBS_QUEUE_URL] [jobs.toml: queue_url]
-    /// [default: memory:, which lives in this process only].
+    /// The queue transport: postgres-queue: (the store's database), postgres-queue://USER@HOST:PORT/DB,
+    /// vercel-queues://REGION, qstash:, qstash://REGION or memory: [env: JOBS_QUEUE_URL]
+    /// [jobs.toml: queue_url] [default: postgres-queue: with a PostgreSQL store, the queue a
+    /// worker on it runs; else memory:, which lives in this process only].
     #[arg(long, global = true, value_name = "URL")]
     queue_url: Option<String>,
     /// The rate limiter: memory: or redis://HOST:PORT [env: JOBS_RATE_LIMIT_URL]
@@ -94,9 +95,13 @@ pub(crate) enum Command {
     #[cfg(feature = "demo")]
     #[command(verbatim_doc_comment)]
     Demo,
-    /// Create or update the store's tables (`core.processed_jobs`, `core.dead_letters`).
+    /// Create or update the store's tables, and on PostgreSQL the queue's.
     ///
-    /// Idempotent. Workers never migrate on their own: run this on deploy.
+    /// On PostgreSQL, in the schema `core`: processed_jobs (each job's claim), dead_letters,
+    /// dead_letter_events (their history), bulk_runs and bulk_run_items (the bulk replays'
+    /// journal), tenants, jobs (the PostgreSQL queue), outbox, fair_queues and tenant_weights
+    /// (fair fetching). On SQLite: processed_jobs, dead_letters, dead_letter_events, bulk_runs
+    /// and bulk_run_items. Idempotent. Workers never migrate on their own: run this on deploy.
     ///
     /// Examples:
     ///   jobsctl migrate

@@ -191,13 +191,17 @@ async fn review(
     let job = b1.letter.job_id.expect("a job id");
     let consumer = ConsumerName::try_from(CONSUMER).expect("valid");
     assert!(theirs.is_processed(job, &consumer).await.expect("read"));
-    let default_queue = run(&["dead-letters", "replay", &b1.id.to_string()]);
-    assert_eq!(
-        default_queue.status.code(),
-        Some(2),
-        "the default in-process queue would lose the replay: {default_queue:?}"
-    );
-    assert_eq!(status(&*mine, b1.id).await, DeadLetterStatus::PendingReview);
+    if queue_url == "memory:" {
+        // A SQLite store's default queue is the in-process one (a PostgreSQL store's is its
+        // own database's), which would lose the replay.
+        let default_queue = run(&["dead-letters", "replay", &b1.id.to_string()]);
+        assert_eq!(
+            default_queue.status.code(),
+            Some(2),
+            "the default in-process queue would lose the replay: {default_queue:?}"
+        );
+        assert_eq!(status(&*mine, b1.id).await, DeadLetterStatus::PendingReview);
+    }
     let replay = ["dead-letters", "replay", "--queue-url", queue_url];
     let b1_id = b1.id.to_string();
     let once = run(&[&replay[..], &[b1_id.as_str()]].concat());

@@ -152,3 +152,37 @@ fn flags_beat_the_environment_which_beats_jobs_toml_which_beats_the_default() {
         "{typo:?}"
     );
 }
+
+#[test]
+fn the_text_table_keeps_its_columns_aligned_whatever_the_values() {
+    let dir = Dir::new();
+    let long = "sqlite://a/very/long/path/to/a/database/file/that/outgrows/any/fixed/column.db";
+    let table = run(&dir.0, &[("DATABASE_URL", long)], &["config"]);
+    assert!(table.status.success(), "{table:?}");
+    let text = String::from_utf8_lossy(&table.stdout).into_owned();
+    let rows: Vec<&str> = text.lines().filter(|l| !l.starts_with('(')).collect();
+    // Every row's environment column starts where the header's does.
+    let at = rows[0].find("environment").expect("a header");
+    for row in &rows[1..] {
+        let before = &row[..row.char_indices().nth(at).map_or(row.len(), |(i, _)| i)];
+        assert!(
+            before.ends_with("  ")
+                && row[before.len()..].starts_with(|c: char| c.is_ascii_uppercase()),
+            "misaligned:\n{text}"
+        );
+    }
+    assert!(text.contains(long), "{text}");
+    // The implied queue of a PostgreSQL store says where it came from.
+    let pg = run(
+        &dir.0,
+        &[("DATABASE_URL", "postgres://u@h/db")],
+        &["config", "--json"],
+    );
+    assert_eq!(
+        shown(&pg, "queue_url"),
+        (
+            "postgres-queue:".to_owned(),
+            "default, as database_url is PostgreSQL".to_owned()
+        )
+    );
+}

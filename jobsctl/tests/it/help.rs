@@ -153,3 +153,23 @@ fn the_diff_marks_removed_and_added_lines() {
         "  a\n- b\n+ B\n  c\n+ d\n"
     );
 }
+
+/// `jobsctl migrate --help` names every table the migrations create, on both stores.
+#[test]
+fn migrate_names_every_table_it_creates() {
+    let text = help(&["migrate".to_owned()]);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for dir in ["adapters/postgres/migrations", "adapters/sqlite/migrations"] {
+        for entry in std::fs::read_dir(root.join(dir)).expect("the migrations") {
+            let sql = std::fs::read_to_string(entry.expect("an entry").path()).expect("a file");
+            for line in sql.lines() {
+                let Some(rest) = line.trim().strip_prefix("create table if not exists ") else {
+                    continue;
+                };
+                let table = rest.split([' ', '(']).next().unwrap_or_default();
+                let name = table.trim_start_matches("core.");
+                assert!(text.contains(name), "{dir}: {table} is not named:\n{text}");
+            }
+        }
+    }
+}

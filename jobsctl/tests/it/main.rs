@@ -4,6 +4,7 @@ mod bulk;
 mod cli;
 mod config;
 mod help;
+mod one_config;
 #[path = "../../../ops/tests/it/pg.rs"]
 mod pg;
 #[path = "../../../ops/tests/it/process.rs"]

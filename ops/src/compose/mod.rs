@@ -9,6 +9,7 @@
 //! | store | `sqlite://PATH` (or `sqlite:PATH`) | `SqliteStore`, the file created on first use | `sqlite` |
 //! | store | `postgres://…`, `postgresql://…` | `PgStore` | `postgres` |
 //! | queue | `memory:` | `MemoryQueue`, in this process only | |
+//! | queue | `postgres-queue:` (the default when the store is PostgreSQL) | `PgQueue` over the store's own `core.jobs` | `postgres` |
 //! | queue | `postgres-queue://…` (a `postgres://` URL with `-queue`) | `PgQueue` over `core.jobs` | `postgres` |
 //! | queue | `vercel-queues://REGION` | `VercelQueues` from the `vercel_queues.*` keys; with `depth_url`, counted in Redis by `CountedQueue` | `vercel-queues` (and `redis` to count) |
 //! | queue | `qstash:` or `qstash://REGION` | `QStashQueue` (publish only) from the `qstash.*` keys | `qstash` |
@@ -49,7 +50,7 @@ mod betterstack;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]
-pub use postgres::postgres_worker;
+pub use postgres::{is_store_queue, postgres_worker};
 #[cfg(feature = "qstash")]
 mod qstash;
 #[cfg(feature = "qstash")]

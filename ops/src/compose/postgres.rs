@@ -10,8 +10,8 @@ use jobs_consumers::WorkerConfig;
 use jobs_core::{BulkRuns, DeadLetterStore, ProcessedJobs, StoreError, TenantDirectory};
 
 use super::{
-    Adapter, ComposeError, Config, DATABASE_URL, Engine, QUEUE_URL, Queue, Store, connect_timeout,
-    envelope_limits, scheme,
+    Adapter, ComposeError, Config, DATABASE_URL, Engine, QUEUE_URL, Queue, STORE_QUEUE, Store,
+    connect_timeout, envelope_limits, scheme,
 };
 
 pub(super) const ADAPTER: Adapter = Adapter {
@@ -56,14 +56,13 @@ impl Engine for PgStore {
 }
 
 /// `postgres-queue://…`: the PostgreSQL queue over `core.jobs` of the database the rest of the
-/// URL names. Its table comes with the store's migrations (`jobsctl migrate` on that URL).
+/// URL names; `postgres-queue:` alone ([`STORE_QUEUE`], what a PostgreSQL [`DATABASE_URL`]
+/// implies), the one in the store's own database. Its table comes with the store's
+/// migrations (`jobsctl migrate` on that URL).
 async fn queue(config: &Config, url: &str) -> Result<Queue, ComposeError> {
     let limits = envelope_limits(config)?;
-    let rest = ["postgres-queue://", "postgresql-queue://"]
-        .iter()
-        .find_map(|prefix| url.strip_prefix(prefix))
-        .ok_or_else(|| QUEUE_URL.invalid("expected postgres-queue://USER@HOST:PORT/DB"))?;
-    let store = PgStore::connect(&format!("postgres://{rest}"))
+    let database = queue_database(config, url)?;
+    let store = PgStore::connect(&database)
         .await
         .map_err(|e| ComposeError::Queue(e.to_string()))?;
     let queue = PgQueue::new(store.pool().clone()).with_envelope_limits(limits);
@@ -76,6 +75,52 @@ async fn queue(config: &Config, url: &str) -> Result<Queue, ComposeError> {
         )),
         Err(e) => Err(ComposeError::Queue(e.to_string())),
     }
+}
+
+/// The `postgres://` URL of the database whose `core.jobs` the queue URL `url` names.
+fn queue_database(config: &Config, url: &str) -> Result<String, ComposeError> {
+    if url == STORE_QUEUE || url == "postgresql-queue:" {
+        let database = config.require(&DATABASE_URL)?;
+        return match scheme(database) {
+            "postgres" | "postgresql" => Ok(database.to_owned()),
+            _ => Err(QUEUE_URL
+                .invalid(
+                    "`postgres-queue:` is the queue in the store's database, and database_url is \
+                 no PostgreSQL URL: name the queue's database (postgres-queue://USER@HOST:PORT/DB)",
+                )
+                .into()),
+        };
+    }
+    let rest = ["postgres-queue://", "postgresql-queue://"]
+        .iter()
+        .find_map(|prefix| url.strip_prefix(prefix))
+        .ok_or_else(|| {
+            QUEUE_URL.invalid(
+                "expected postgres-queue: (the store's database) or \
+                 postgres-queue://USER@HOST:PORT/DB",
+            )
+        })?;
+    Ok(format!("postgres://{rest}"))
+}
+
+/// Whether the queue URL `url` names the store's own database: [`STORE_QUEUE`], or a
+/// `postgres-queue://` URL with the host, port, database and user of [`DATABASE_URL`]. A
+/// worker over such a queue runs grouped, on the store's pool.
+pub fn is_store_queue(config: &Config, url: &str) -> bool {
+    use jobs_adapter_postgres::sqlx::postgres::PgConnectOptions;
+    let (Ok(queue), Some(store)) = (queue_database(config, url), config.get(&DATABASE_URL)) else {
+        return false;
+    };
+    let (Ok(queue), Ok(store)) = (
+        queue.parse::<PgConnectOptions>(),
+        store.parse::<PgConnectOptions>(),
+    ) else {
+        return false;
+    };
+    queue.get_host() == store.get_host()
+        && queue.get_port() == store.get_port()
+        && queue.get_database() == store.get_database()
+        && queue.get_username() == store.get_username()
 }
 
 /// The store and queue of a grouped PostgreSQL worker (`Worker::grouped_builder`): the
@@ -130,5 +175,56 @@ mod tests {
                 .contains("postgres-queue://USER@HOST:PORT/DB"),
             "{err}"
         );
+    }
+
+    fn config(pairs: &[(&'static str, &str)]) -> super::Config {
+        let flags = pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        super::Config::resolve(&flags, &|_| None, &ConfigFile::None).expect("resolves")
+    }
+
+    #[test]
+    fn the_store_queue_is_the_shorthand_or_a_url_of_the_same_database_and_user() {
+        let store = [("--database-url", "postgres://app@db.internal:5432/billing")];
+        let on = |queue: &str| {
+            let mut pairs = store.to_vec();
+            pairs.push(("--queue-url", queue));
+            let config = config(&pairs);
+            super::is_store_queue(&config, config.get(&super::QUEUE_URL).expect("a queue"))
+        };
+        assert!(on("postgres-queue:"));
+        assert!(on("postgres-queue://app@db.internal:5432/billing"));
+        assert!(
+            on("postgresql-queue://app:secret@db.internal/billing"),
+            "the port defaults"
+        );
+        assert!(
+            !on("postgres-queue://app@db.internal:5432/other"),
+            "another database"
+        );
+        assert!(
+            !on("postgres-queue://ops@db.internal:5432/billing"),
+            "another user"
+        );
+        assert!(
+            !on("postgres-queue://app@replica:5432/billing"),
+            "another host"
+        );
+        assert!(!on("memory:"));
+        let implied = config(&store);
+        assert!(super::is_store_queue(
+            &implied,
+            implied.get(&super::QUEUE_URL).expect("implied")
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_shorthand_needs_a_postgresql_store() {
+        let config = config(&[
+            ("--database-url", "sqlite://x.db"),
+            ("--queue-url", "postgres-queue:"),
+        ]);
+        let err = Queue::connect(&config).await.expect_err("refused");
+        assert!(err.is_configuration(), "{err}");
+        assert!(err.to_string().contains("no PostgreSQL URL"), "{err}");
     }
 }

@@ -26,7 +26,7 @@ pub const QUEUE_URL: Key = Key {
     env: "JOBS_QUEUE_URL",
     default: Some("memory:"),
     secret: true,
-    about: "the queue transport: memory:, postgres-queue://…, vercel-queues://REGION or qstash://[REGION]",
+    about: "the queue transport: postgres-queue: (the store's database; the default when database_url is PostgreSQL), postgres-queue://…, vercel-queues://REGION, qstash://[REGION] or memory: (in this process only)",
 };
 
 /// The rate limiter's URL.

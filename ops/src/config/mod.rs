@@ -118,6 +118,13 @@ pub enum Source {
     File(PathBuf),
     /// The key's default.
     Default,
+    /// The key's default given what another key holds: [`QUEUE_URL`] is `postgres-queue:` (the
+    /// store's own database) when [`DATABASE_URL`] is a PostgreSQL URL, so that the worker and
+    /// `jobsctl` use the same queue from the same settings.
+    Implied {
+        /// What implied it, as messages say it (`database_url is PostgreSQL`).
+        by: &'static str,
+    },
 }
 
 impl fmt::Display for Source {
@@ -127,6 +134,7 @@ impl fmt::Display for Source {
             Source::Env => f.write_str("env"),
             Source::File(path) => write!(f, "file {}", path.display()),
             Source::Default => f.write_str("default"),
+            Source::Implied { by } => write!(f, "default, as {by}"),
         }
     }
 }
@@ -167,6 +175,33 @@ impl ConfigFile {
 pub struct Config {
     settings: BTreeMap<&'static str, Setting>,
     file: Option<PathBuf>,
+}
+
+/// What the shorthand `postgres-queue:` means: the PostgreSQL queue in [`DATABASE_URL`]'s own
+/// database (`core.jobs` beside the store's tables).
+pub const STORE_QUEUE: &str = "postgres-queue:";
+
+/// Defaults that depend on another key: with a PostgreSQL [`DATABASE_URL`] and no
+/// [`QUEUE_URL`] set, the queue is the one in the store's database ([`STORE_QUEUE`]), which a
+/// worker runs grouped and `jobsctl` reaches alike.
+fn imply_defaults(settings: &mut BTreeMap<&'static str, Setting>) {
+    let postgres = settings.get(DATABASE_URL.name).is_some_and(|s| {
+        s.value.starts_with("postgres://") || s.value.starts_with("postgresql://")
+    });
+    let queue_defaulted = settings
+        .get(QUEUE_URL.name)
+        .is_none_or(|s| s.source == Source::Default);
+    if postgres && queue_defaulted {
+        settings.insert(
+            QUEUE_URL.name,
+            Setting {
+                value: STORE_QUEUE.to_owned(),
+                source: Source::Implied {
+                    by: "database_url is PostgreSQL",
+                },
+            },
+        );
+    }
 }
 
 impl fmt::Debug for Config {
@@ -218,6 +253,7 @@ impl Config {
                 settings.insert(key.name, Setting { value, source });
             }
         }
+        imply_defaults(&mut settings);
         Ok(Config {
             settings,
             file: path,
@@ -260,6 +296,7 @@ impl Config {
             Some(Source::Env) => key.env.to_owned(),
             Some(Source::File(path)) => path.display().to_string(),
             Some(Source::Default) | None => "the default".to_owned(),
+            Some(Source::Implied { by }) => format!("the default, as {by}"),
         }
     }
 
@@ -453,6 +490,31 @@ mod tests {
                 let _ = std::fs::remove_file(&self.0);
             }
         }
+    }
+
+    #[test]
+    fn a_postgresql_database_implies_its_own_queue_unless_a_queue_is_set() {
+        let resolve = |env: &[(&str, &str)]| {
+            Config::resolve(&BTreeMap::new(), &env_of(env), &ConfigFile::None).expect("resolves")
+        };
+        let pg = resolve(&[("DATABASE_URL", "postgres://u@h/db")]);
+        let queue = pg.setting(&QUEUE_URL).expect("a queue");
+        assert_eq!(queue.value, STORE_QUEUE);
+        assert_eq!(
+            format!("{} from {}", queue.source, pg.origin(&QUEUE_URL)),
+            "default, as database_url is PostgreSQL from the default, as database_url is PostgreSQL"
+        );
+        let sqlite = resolve(&[("DATABASE_URL", "sqlite://x.db")]);
+        assert_eq!(sqlite.get(&QUEUE_URL), Some("memory:"));
+        let set = resolve(&[
+            ("DATABASE_URL", "postgresql://u@h/db"),
+            ("JOBS_QUEUE_URL", "memory:"),
+        ]);
+        assert_eq!(
+            set.setting(&QUEUE_URL).map(|s| (&*s.value, &s.source)),
+            Some(("memory:", &Source::Env)),
+            "a queue set is obeyed"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! A worker process over PostgreSQL: its workers run grouped in the store's own queue, unless
-//! [`QUEUE_URL`] names another transport; the cron scheduler reads `core.tenants` and the
+//! A worker process over PostgreSQL: its workers run grouped in the store's own queue (what
+//! [`QUEUE_URL`] is by default, `postgres-queue:`, or a URL of the same database), unless it
+//! names another transport, which the process warns of at start; the cron scheduler reads `core.tenants` and the
 //! outbox relay forwards `core.outbox`.
 
 use std::sync::Arc;
@@ -11,16 +12,16 @@ use jobs_consumers::Worker;
 use jobs_core::DecodeLimits;
 
 use super::{Opened, ProcessError, ProcessStore, Transport};
-use crate::compose::{self, ComposeError, Config, DATABASE_URL, QUEUE_URL, Source};
+use crate::compose::{self, ComposeError, Config, DATABASE_URL, QUEUE_URL, STORE_QUEUE};
 
 #[async_trait]
 impl ProcessStore for PgStore {
     const ENGINE: &'static str = "PostgreSQL";
     const SCHEMES: &'static [&'static str] = &["postgres", "postgresql"];
 
-    /// The store on one pool of `connections`, and, unless [`QUEUE_URL`] names another
-    /// transport, the PostgreSQL queue in its own database on that pool, grouped
-    /// (`Worker::grouped_builder`).
+    /// The store on one pool of `connections`, and, when [`QUEUE_URL`] names the store's own
+    /// database ([`compose::is_store_queue`]), the PostgreSQL queue there on that pool,
+    /// grouped (`Worker::grouped_builder`); any other transport is warned of as per job.
     async fn open(config: &Config, connections: u32) -> Result<Opened<PgStore>, ProcessError> {
         let url = config.require(&DATABASE_URL)?;
         let timeout = compose::connect_timeout(config)?;
@@ -45,12 +46,16 @@ impl ProcessStore for PgStore {
                 }
             }) as BoxFuture<'static, Result<(), String>>
         });
-        let own_queue = config
-            .setting(&QUEUE_URL)
-            .is_none_or(|s| s.source == Source::Default);
-        let own = if own_queue {
+        let queue_url = config.require(&QUEUE_URL)?;
+        let own = if compose::is_store_queue(config, queue_url) {
             Some(grouped(&store, limits).await?)
         } else {
+            tracing::warn!(
+                queue_url = %QUEUE_URL.shown(queue_url),
+                from = %config.origin(&QUEUE_URL),
+                "the workers run per job, not grouped: grouped mode needs the PostgreSQL queue \
+                 in the store's own database (queue_url `{STORE_QUEUE}`, or unset)"
+            );
             None
         };
         let outbox = store.pool().clone();
