@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use jobs_core::{Alert, Alerter, Clock, QueueName};
+use jobs_core::{Alert, Alerter, Clock, DeadLetterReason, QueueName};
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 /// Alerts waiting for the sending task; past this, new ones are counted and dropped.
@@ -35,6 +35,7 @@ struct Window {
     last_sent: SystemTime,
     suppressed: u32,
     latest_error: String,
+    latest_reason: DeadLetterReason,
 }
 
 impl std::fmt::Debug for CoalescingAlerter {
@@ -66,10 +67,10 @@ impl CoalescingAlerter {
         let _ = pending.wait_for(|n| *n == 0).await;
     }
 
-    /// Reports one dead letter on `queue`; queues an alert for sending unless one for the queue
-    /// went out within the window. Never waits: a failure to send is logged, never returned,
-    /// since the dead letter is already safe.
-    pub fn dead_lettered(&self, queue: &QueueName, error: &str) {
+    /// Reports one dead letter on `queue`, dead-lettered for `reason` with `error`; queues an
+    /// alert for sending unless one for the queue went out within the window. Never waits: a
+    /// failure to send is logged, never returned, since the dead letter is already safe.
+    pub fn dead_lettered(&self, queue: &QueueName, reason: DeadLetterReason, error: &str) {
         let now = self.clock.now();
         let count = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -77,6 +78,7 @@ impl CoalescingAlerter {
                 Some(w) if now < w.last_sent + self.window => {
                     w.suppressed += 1;
                     w.latest_error = error.to_owned();
+                    w.latest_reason = reason;
                     return;
                 }
                 Some(w) => {
@@ -85,6 +87,7 @@ impl CoalescingAlerter {
                         last_sent: now,
                         suppressed: 0,
                         latest_error: error.to_owned(),
+                        latest_reason: reason,
                     };
                     count
                 }
@@ -95,44 +98,51 @@ impl CoalescingAlerter {
                             last_sent: now,
                             suppressed: 0,
                             latest_error: error.to_owned(),
+                            latest_reason: reason,
                         },
                     );
                     1
                 }
             }
         };
-        self.send(queue, count, error);
+        self.send(queue, count, reason, error);
     }
 
     /// Queues the counts held back for windows that have closed. The worker calls this as it
     /// polls, so the last events of a storm are reported too; it never waits.
     pub fn flush(&self) {
         let now = self.clock.now();
-        let due: Vec<(QueueName, u32, String)> = {
+        let due: Vec<(QueueName, u32, DeadLetterReason, String)> = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state
                 .iter_mut()
                 .filter(|(_, w)| w.suppressed > 0 && now >= w.last_sent + self.window)
                 .map(|(q, w)| {
-                    let due = (q.clone(), w.suppressed, w.latest_error.clone());
+                    let due = (
+                        q.clone(),
+                        w.suppressed,
+                        w.latest_reason,
+                        w.latest_error.clone(),
+                    );
                     w.suppressed = 0;
                     w.last_sent = now;
                     due
                 })
                 .collect()
         };
-        for (queue, count, error) in due {
-            self.send(&queue, count, &error);
+        for (queue, count, reason, error) in due {
+            self.send(&queue, count, reason, &error);
         }
     }
 
-    fn send(&self, queue: &QueueName, count: u32, error: &str) {
+    fn send(&self, queue: &QueueName, count: u32, reason: DeadLetterReason, error: &str) {
         let noun = if count == 1 { "job" } else { "jobs" };
         let alert = Alert {
             queue: queue.clone(),
             title: format!("{count} {noun} dead-lettered on {queue}"),
             detail: format!(
-                "Latest error: {error}\nReview with `jobsctl dead-letters list --queue {queue}`."
+                "Latest ({reason}): {error}\nReview with `jobsctl dead-letters list --queue \
+                 {queue} --reason {reason}`."
             ),
             count,
         };

@@ -223,6 +223,7 @@ mod tests {
             payload,
             attempts: 1,
             last_error: format!("letter {n}"),
+            reason: None,
             dedup_key: None,
             at: SystemTime::now(),
         }
@@ -305,6 +306,7 @@ mod tests {
                     payload: vec![],
                     attempts: 1,
                     last_error: format!("letter {n}"),
+                    reason: None,
                     dedup_key: Some(format!("key-{n}")),
                     at: SystemTime::now(),
                 })

@@ -47,36 +47,11 @@ pub enum Outcome {
     },
 }
 
-/// Why a job was dead-lettered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DeadReason {
-    /// The payload is not a valid envelope, or its data does not fit the handler (or no
-    /// handler knows its kind, with
-    /// [`WorkerBuilder::unknown_kinds_are_poison`](crate::WorkerBuilder::unknown_kinds_are_poison)).
-    /// Never retried.
-    Poison,
-    /// No handler of the worker knows the job's kind, after every attempt the policy allows
-    /// (ADR 0012: in a rolling deploy producers ship a kind before every worker has its
-    /// handler).
-    UnknownKind,
-    /// The handler said retrying cannot help.
-    Permanent,
-    /// Every attempt the policy allows failed.
-    Exhausted,
-}
-
-impl DeadReason {
-    /// The label of `jobs_dead_lettered_total{reason}` and of the logs.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            DeadReason::Poison => "poison",
-            DeadReason::UnknownKind => "unknown_kind",
-            DeadReason::Permanent => "permanent",
-            DeadReason::Exhausted => "exhausted",
-        }
-    }
-}
+/// Why a job was dead-lettered: the store's [`DeadLetterReason`](jobs_core::DeadLetterReason),
+/// kept with the letter, labelling `jobs_dead_lettered_total{reason}` and the logs. The
+/// runtime gives the first four (`Poison`, `UnknownKind` after every attempt the policy allows
+/// as ADR 0012 says, `Permanent`, `Exhausted`).
+pub use jobs_core::DeadLetterReason as DeadReason;
 
 /// How one try of a delivery ended, before anything is settled: what [`verdict`] decides on.
 #[derive(Debug)]

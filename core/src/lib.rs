@@ -66,9 +66,9 @@ pub use rate::{Acquired, Bucket, BucketKey, RateLimitError, RateLimiter};
 pub use retry_after::{MAX_RETRY_AFTER, parse_http_date, parse_retry_after};
 pub use store::{
     BulkRun, BulkRunId, BulkRuns, Claim, DeadLetter, DeadLetterEvent, DeadLetterFilter,
-    DeadLetterId, DeadLetterStatus, DeadLetterStore, GroupTransaction, ListedLetter, NewDeadLetter,
-    ProcessedJobs, Recorded, Resolution, StoreError, Transition, UnreadableLetter, WorkStore,
-    WorkTransaction,
+    DeadLetterId, DeadLetterReason, DeadLetterStatus, DeadLetterStore, GroupTransaction,
+    ListedLetter, NewDeadLetter, ProcessedJobs, Recorded, Resolution, StoreError, Transition,
+    UnreadableLetter, WorkStore, WorkTransaction,
 };
 #[cfg(feature = "mock")]
 pub use store::{MockBulkRuns, MockDeadLetterStore, MockProcessedJobs};

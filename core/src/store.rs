@@ -230,6 +230,75 @@ impl FromStr for DeadLetterStatus {
     }
 }
 
+/// Why a job became a dead letter, kept with it (`core.dead_letters.reason`), so that a review
+/// tells "refused at once" from "ran out of retries". Rows written before the column existed
+/// have none: "not recorded".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeadLetterReason {
+    /// The payload is not a valid envelope, or its data does not fit the handler (or no
+    /// handler knows its kind, when unknown kinds are poison). Never retried.
+    Poison,
+    /// No handler knows the job's kind, after every attempt the policy allows.
+    UnknownKind,
+    /// The handler said retrying cannot help.
+    Permanent,
+    /// Every attempt the policy allows failed.
+    Exhausted,
+    /// The envelope is over the payload limit: moved by the fetch without being read.
+    TooLarge,
+    /// The outbox relay cannot forward the row (over the limit, not an envelope, an invalid
+    /// queue name).
+    Unforwardable,
+}
+
+impl DeadLetterReason {
+    /// Every reason, in the order a list of them reads.
+    pub const ALL: [DeadLetterReason; 6] = [
+        DeadLetterReason::Poison,
+        DeadLetterReason::UnknownKind,
+        DeadLetterReason::Permanent,
+        DeadLetterReason::Exhausted,
+        DeadLetterReason::TooLarge,
+        DeadLetterReason::Unforwardable,
+    ];
+
+    /// The value stored in `core.dead_letters.reason`, and the label of
+    /// `jobs_dead_lettered_total{reason}`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::Poison => "poison",
+            DeadLetterReason::UnknownKind => "unknown_kind",
+            DeadLetterReason::Permanent => "permanent",
+            DeadLetterReason::Exhausted => "exhausted",
+            DeadLetterReason::TooLarge => "too_large",
+            DeadLetterReason::Unforwardable => "unforwardable",
+        }
+    }
+}
+
+impl fmt::Display for DeadLetterReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DeadLetterReason {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, StoreError> {
+        (DeadLetterReason::ALL.into_iter())
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| {
+                let known: Vec<&str> = DeadLetterReason::ALL.iter().map(|r| r.as_str()).collect();
+                StoreError::failed(format!(
+                    "unknown dead-letter reason `{s}` (expected one of {})",
+                    known.join(", ")
+                ))
+            })
+    }
+}
+
 /// The id of a dead letter, increasing with insertion (the pagination cursor).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeadLetterId(pub i64);
@@ -262,6 +331,8 @@ pub struct NewDeadLetter {
     pub attempts: u32,
     /// Why it was dead-lettered, naming the field for poison.
     pub last_error: String,
+    /// Which kind of end it came to; `None` for a row written before reasons were kept.
+    pub reason: Option<DeadLetterReason>,
     /// Keeps a redelivered copy from becoming a second pending dead letter: the job id when
     /// known, else the transport's message id. `None` disables the check.
     pub dedup_key: Option<String>,
@@ -338,6 +409,8 @@ pub struct DeadLetterFilter {
     pub job_id: Option<JobId>,
     /// Only the letters of this correlation id.
     pub correlation_id: Option<CorrelationId>,
+    /// Only the letters dead-lettered for this reason.
+    pub reason: Option<DeadLetterReason>,
     /// At most this many.
     pub limit: u32,
 }
@@ -355,6 +428,7 @@ impl Default for DeadLetterFilter {
             newest_first: false,
             job_id: None,
             correlation_id: None,
+            reason: None,
             limit: 100,
         }
     }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use jobs_core::{DeadLetterStatus, Kind, QueueName, TenantId};
+use jobs_core::{DeadLetterReason, DeadLetterStatus, Kind, QueueName, TenantId};
 use jobs_ops::compose::{ComposeError, Config};
 
 use crate::bulk::Selection;
@@ -274,6 +274,7 @@ pub(crate) enum DeadLetterCommand {
     ///
     /// Examples:
     ///   jobsctl dead-letters list --status pending_review --queue billing.invoices
+    ///   jobsctl dead-letters list --reason exhausted --json
     ///   jobsctl dead-letters list --after 200 --limit 100 --json
     #[command(verbatim_doc_comment)]
     List {
@@ -289,6 +290,11 @@ pub(crate) enum DeadLetterCommand {
         /// Only this kind.
         #[arg(long)]
         kind: Option<Kind>,
+        /// Only letters dead-lettered for this reason: poison, unknown_kind, permanent,
+        /// exhausted, too_large or unforwardable (letters from before reasons were kept have
+        /// none).
+        #[arg(long, value_parser = values::parse_reason)]
+        reason: Option<DeadLetterReason>,
         /// Only ids after this one (the next page).
         #[arg(long)]
         after: Option<i64>,

@@ -11,6 +11,9 @@ use jobs_ops::compose::{Queue, Store};
 
 use crate::values;
 
+/// What a letter recorded before reasons were kept shows as its reason.
+const NOT_RECORDED: &str = "not recorded";
+
 /// Prints the letters matching `filter`, as a table or JSON Lines. A row the store cannot
 /// read as a letter is left out with a warning on `err` naming its id and why, so one bad row
 /// costs its line, not the listing.
@@ -41,19 +44,20 @@ pub(crate) async fn list(
     }
     writeln!(
         out,
-        "{:>6}  {:<14}  {:<24}  {:<24}  {:>8}  last error",
-        "id", "status", "queue", "kind", "attempts"
+        "{:>6}  {:<14}  {:<24}  {:<24}  {:>8}  {:<13}  last error",
+        "id", "status", "queue", "kind", "attempts", "reason"
     )?;
     for letter in &letters {
         let l = &letter.letter;
         writeln!(
             out,
-            "{:>6}  {:<14}  {:<24}  {:<24}  {:>8}  {}",
+            "{:>6}  {:<14}  {:<24}  {:<24}  {:>8}  {:<13}  {}",
             letter.id,
             letter.status.as_str(),
             l.queue.as_str(),
             l.kind.as_ref().map_or("-", |k| k.as_str()),
             l.attempts,
+            l.reason.map_or(NOT_RECORDED, |r| r.as_str()),
             first_line(&l.last_error, 60)
         )?;
     }
@@ -108,10 +112,12 @@ pub(crate) async fn show(
         "tenant_id",
         "correlation_id",
         "attempts",
+        "reason",
         "created_at",
         "updated_at",
     ] {
         let text = match &value[field] {
+            Value::Null if field == "reason" => NOT_RECORDED.to_owned(),
             Value::Null => "-".to_owned(),
             Value::String(s) => s.clone(),
             other => other.to_string(),
@@ -250,6 +256,7 @@ fn to_json(letter: &DeadLetter) -> Value {
         "correlation_id": l.correlation_id.map(|id| id.to_string()),
         "kind": l.kind.as_ref().map(|k| k.as_str()),
         "attempts": l.attempts,
+        "reason": l.reason.map(|r| r.as_str()),
         "last_error": l.last_error,
         "created_at_ms": millis(l.at),
         "updated_at_ms": millis(letter.updated_at),

@@ -302,6 +302,7 @@ async fn dead_letter_command(
             queue,
             tenant,
             kind,
+            reason,
             after,
             limit,
             json,
@@ -311,6 +312,7 @@ async fn dead_letter_command(
                 queue,
                 tenant_id: tenant,
                 kind,
+                reason,
                 after: after.map(DeadLetterId),
                 limit,
                 ..DeadLetterFilter::default()

@@ -1,12 +1,12 @@
 //! The values flags take and output shows: times (RFC 3339), durations (the one grammar of
-//! `jobs_ops::config`, each flag with its own bounds) and dead-letter statuses.
+//! `jobs_ops::config`, each flag with its own bounds), dead-letter statuses and reasons.
 
 use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use jobs_core::DeadLetterStatus;
+use jobs_core::{DeadLetterReason, DeadLetterStatus};
 use jobs_ops::config::{DurationRange, DurationRefused};
 
 use crate::Usage;
@@ -52,6 +52,14 @@ pub(crate) fn parse_time(text: &str) -> Result<SystemTime, String> {
 pub(crate) fn parse_status(s: &str) -> Result<DeadLetterStatus, String> {
     s.parse().map_err(|_: jobs_core::StoreError| {
         "accepted values: pending_review, replayed, discarded".to_owned()
+    })
+}
+
+/// `--reason`: one of the reasons a letter is kept with.
+pub(crate) fn parse_reason(s: &str) -> Result<DeadLetterReason, String> {
+    s.parse().map_err(|_: jobs_core::StoreError| {
+        let known: Vec<&str> = DeadLetterReason::ALL.iter().map(|r| r.as_str()).collect();
+        format!("accepted values: {}", known.join(", "))
     })
 }
 

@@ -110,6 +110,7 @@ async fn seed(store: &MemoryStore) -> anyhow::Result<()> {
                 payload: envelope.to_json_bytes()?,
                 attempts: 5,
                 last_error: error,
+                reason: None,
                 dedup_key: Some(envelope.job_id.to_string()),
                 at: start + Duration::from_secs(u64::from(n) * 60),
             })
@@ -126,6 +127,7 @@ async fn seed(store: &MemoryStore) -> anyhow::Result<()> {
             payload: vec![0x00, 0x9f, 0x92, 0x96, b'{'],
             attempts: 1,
             last_error: "envelope: not JSON: expected value at line 1 column 1".to_owned(),
+            reason: None,
             dedup_key: None,
             at: SystemTime::now(),
         })

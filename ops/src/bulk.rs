@@ -44,6 +44,9 @@ pub fn describe_filter(filter: &DeadLetterFilter) -> String {
     if let Some(kind) = &filter.kind {
         parts.push(format!("kind={}", kind.as_str()));
     }
+    if let Some(reason) = filter.reason {
+        parts.push(format!("reason={reason}"));
+    }
     parts.join(" ")
 }
 
@@ -330,6 +333,7 @@ mod tests {
                 payload: format!("not json {i}").into_bytes(),
                 attempts: 1,
                 last_error: "not an envelope".to_owned(),
+                reason: None,
                 dedup_key: None,
                 at: SystemTime::now(),
             };

@@ -244,6 +244,9 @@ fn matches(letter: &DeadLetter, filter: &DeadLetterFilter) -> bool {
         && filter
             .correlation_id
             .is_none_or(|c| letter.letter.correlation_id == Some(c))
+        && filter
+            .reason
+            .is_none_or(|r| letter.letter.reason == Some(r))
         && filter.after.is_none_or(|after| letter.id > after)
         && filter.before.is_none_or(|before| letter.id < before)
 }

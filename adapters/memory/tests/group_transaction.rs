@@ -37,6 +37,7 @@ fn letter(job_id: JobId, at: SystemTime) -> NewDeadLetter {
         payload: b"{}".to_vec(),
         attempts: 3,
         last_error: "boom".to_owned(),
+        reason: None,
         dedup_key: Some(job_id.to_string()),
         at,
     }

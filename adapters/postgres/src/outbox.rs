@@ -350,8 +350,8 @@ async fn dead_letter(
         .unwrap_or_else(|_| outbox.clone());
     sqlx::query(
         "insert into core.dead_letters (queue, tenant_id, payload, attempts, last_error, \
-             dedup_key, created_at, updated_at) \
-         select $2, tenant_id, payload, 0, $3, 'outbox:' || id, $4, $4 \
+             dedup_key, created_at, updated_at, reason) \
+         select $2, tenant_id, payload, 0, $3, 'outbox:' || id, $4, $4, 'unforwardable' \
          from core.outbox where id = $1 \
          on conflict (queue, dedup_key) \
              where status = 'pending_review' and dedup_key is not null do nothing",

@@ -39,11 +39,11 @@ pub(crate) async fn divert(
              where j.id = t.id and j.lease_gen = t.generation and j.leased and j.queue = $1 \
              returning j.id, j.tenant_id, j.payload, j.deliveries) \
          insert into core.dead_letters (queue, tenant_id, payload, attempts, last_error, \
-             dedup_key, created_at, updated_at) \
+             dedup_key, created_at, updated_at, reason) \
          select $1, tenant_id, payload, deliveries, \
              format('the envelope is %s bytes, over the limit of %s bytes: moved here by the \
                      fetch without being read', octet_length(payload), $4::bigint), \
-             id::text, $5, $5 \
+             id::text, $5, $5, 'too_large' \
          from taken \
          on conflict (queue, dedup_key) \
              where status = 'pending_review' and dedup_key is not null do nothing",

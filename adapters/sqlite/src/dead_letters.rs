@@ -16,7 +16,7 @@ use crate::convert::{from_millis, to_millis};
 use crate::error::{corrupt, store_error};
 
 const COLUMNS: &str = "id, job_id, queue, consumer, tenant_id, kind, correlation_id, payload, \
-                       attempts, last_error, dedup_key, status, created_at, updated_at";
+                       attempts, last_error, dedup_key, status, created_at, updated_at, reason";
 
 /// How often `record` retries when the pending letter it collided with left `pending_review`
 /// before it could be read (each retry needs another operator action to race with).
@@ -63,6 +63,11 @@ fn dead_letter(row: &SqliteRow) -> Result<DeadLetter, StoreError> {
             attempts: u32::try_from(attempts)
                 .map_err(|e| corrupt(format!("dead letter {id}: attempts {attempts}"), e))?,
             last_error: row.try_get("last_error").map_err(decode_err)?,
+            reason: (row
+                .try_get::<Option<String>, _>("reason")
+                .map_err(decode_err)?)
+            .map(|r| parse(id, "reason", &r))
+            .transpose()?,
             dedup_key: row.try_get("dedup_key").map_err(decode_err)?,
             at: from_millis(row.try_get("created_at").map_err(decode_err)?)?,
         },
@@ -99,8 +104,9 @@ pub(crate) async fn record_on(
     for _ in 0..RECORD_ATTEMPTS {
         let inserted: Option<i64> = sqlx::query_scalar(
             "insert into dead_letters (job_id, queue, tenant_id, kind, correlation_id, \
-                 payload, attempts, last_error, dedup_key, created_at, updated_at, consumer) \
-             values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11) \
+                 payload, attempts, last_error, dedup_key, created_at, updated_at, consumer, \
+                 reason) \
+             values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12) \
              on conflict (queue, dedup_key) \
                  where status = 'pending_review' and dedup_key is not null do nothing \
              returning id",
@@ -116,6 +122,7 @@ pub(crate) async fn record_on(
         .bind(letter.dedup_key.as_deref())
         .bind(at)
         .bind(letter.consumer.as_ref().map(|c| c.as_str()))
+        .bind(letter.reason.map(|r| r.as_str()))
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| store_error("insert into dead_letters", e))?;
@@ -165,6 +172,9 @@ impl SqliteStore {
             query
                 .push(" and correlation_id = ")
                 .push_bind(correlation.to_string());
+        }
+        if let Some(reason) = filter.reason {
+            query.push(" and reason = ").push_bind(reason.as_str());
         }
         if let Some(after) = filter.after {
             query.push(" and id > ").push_bind(after.0);

@@ -149,6 +149,7 @@ async fn file_is_created_on_first_use_and_keeps_its_data() {
             payload: vec![0xff, 0x00, 0xfe],
             attempts: 3,
             last_error: "boom".to_owned(),
+            reason: None,
             dedup_key: Some(job.to_string()),
             at: SystemTime::now(),
         };

@@ -14,6 +14,7 @@ impl<S: WorkStore> Context<S> {
         &self,
         delivery: &Delivery,
         salvage: &Salvage,
+        reason: DeadReason,
         error: String,
     ) -> NewDeadLetter {
         NewDeadLetter {
@@ -26,6 +27,7 @@ impl<S: WorkStore> Context<S> {
             payload: delivery.payload.clone(),
             attempts: delivery.attempt,
             last_error: error,
+            reason: Some(reason),
             dedup_key: salvage
                 .job_id
                 .map(|id| id.to_string())
@@ -114,7 +116,7 @@ impl<S: WorkStore> Context<S> {
         labels.push(metrics::Label::new("reason", reason.as_str()));
         metrics::counter!("jobs_dead_lettered_total", labels).increment(1);
         if let Some(alerts) = &self.alerts {
-            alerts.dead_lettered(&self.queue, error);
+            alerts.dead_lettered(&self.queue, reason, error);
         }
     }
 }

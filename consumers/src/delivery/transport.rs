@@ -122,7 +122,7 @@ impl<S: WorkStore> Context<S> {
         reason: DeadReason,
         error: String,
     ) -> Outcome {
-        let letter = self.letter(delivery, &salvage, error.clone());
+        let letter = self.letter(delivery, &salvage, reason, error.clone());
         let recorded = match self.record(&salvage, letter).await {
             Ok(Some(recorded)) => recorded,
             Ok(None) => {

@@ -563,8 +563,8 @@ where
         Some(Verdict::RetryAt { .. } | Verdict::DeferUntil(_) | Verdict::GiveBack { .. }) => {
             tx.unclaim(member.job_id, &ctx.consumer).await?;
         }
-        Some(Verdict::DeadLetter { error, .. }) => {
-            let letter = ctx.letter(&member.delivery, &member.salvage, error.clone());
+        Some(Verdict::DeadLetter { error, reason }) => {
+            let letter = ctx.letter(&member.delivery, &member.salvage, *reason, error.clone());
             member.recorded = Some(tx.record_dead_letter(letter).await?);
         }
         Some(Verdict::Processed | Verdict::Duplicate | Verdict::Unsettled) | None => {}

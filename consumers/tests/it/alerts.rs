@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_consumers::{CoalescingAlerter, ConsoleAlerter};
-use jobs_core::{Alert, Alerter, ManualClock, QueueName};
+use jobs_core::{Alert, Alerter, DeadLetterReason, ManualClock, QueueName};
 
 use crate::harness::RecordingAlerter;
 
@@ -36,23 +36,41 @@ async fn sent(alerts: &CoalescingAlerter, recorder: &RecordingAlerter) -> Vec<Al
 async fn one_alert_per_window_counts_the_events_held_back() {
     let (alerts, recorder, clock) = coalescing();
     let billing = queue("billing.invoices");
-    alerts.dead_lettered(&billing, "customer 1 not found");
+    alerts.dead_lettered(
+        &billing,
+        DeadLetterReason::Exhausted,
+        "customer 1 not found",
+    );
     clock.advance(Duration::from_secs(30));
-    alerts.dead_lettered(&billing, "customer 2 not found");
+    alerts.dead_lettered(
+        &billing,
+        DeadLetterReason::Exhausted,
+        "customer 2 not found",
+    );
     clock.advance(WINDOW - Duration::from_secs(30) - Duration::from_millis(1));
-    alerts.dead_lettered(&billing, "customer 3 not found");
+    alerts.dead_lettered(
+        &billing,
+        DeadLetterReason::Exhausted,
+        "customer 3 not found",
+    );
     let first = sent(&alerts, &recorder).await;
     assert_eq!(first.len(), 1, "the window holds the next two back");
     assert_eq!(first[0].count, 1);
     assert_eq!(first[0].title, "1 job dead-lettered on billing.invoices");
     assert!(
-        first[0].detail.contains("customer 1 not found"),
-        "{}",
+        first[0].detail.contains("customer 1 not found")
+            && first[0].detail.contains("(exhausted)")
+            && first[0].detail.contains("--reason exhausted"),
+        "the alert names the letter's reason: {}",
         first[0].detail
     );
     // Exactly at the window's end the next event is sent, counting the two held back.
     clock.advance(Duration::from_millis(1));
-    alerts.dead_lettered(&billing, "customer 4 not found");
+    alerts.dead_lettered(
+        &billing,
+        DeadLetterReason::Exhausted,
+        "customer 4 not found",
+    );
     let second = sent(&alerts, &recorder).await;
     assert_eq!(second.len(), 2);
     assert_eq!(second[1].count, 3);
@@ -60,7 +78,11 @@ async fn one_alert_per_window_counts_the_events_held_back() {
     assert!(second[1].detail.contains("customer 4 not found"));
     // A window later with nothing held back: a count of one again.
     clock.advance(WINDOW);
-    alerts.dead_lettered(&billing, "customer 5 not found");
+    alerts.dead_lettered(
+        &billing,
+        DeadLetterReason::Exhausted,
+        "customer 5 not found",
+    );
     let third = sent(&alerts, &recorder).await;
     assert_eq!(third.len(), 3);
     assert_eq!(third[2].count, 1);
@@ -70,10 +92,10 @@ async fn one_alert_per_window_counts_the_events_held_back() {
 async fn queues_have_windows_of_their_own_and_a_flush_reports_what_was_held_back() {
     let (alerts, recorder, clock) = coalescing();
     let (billing, email) = (queue("billing.invoices"), queue("notif.email.marketing"));
-    alerts.dead_lettered(&billing, "first");
-    alerts.dead_lettered(&email, "bounced");
-    alerts.dead_lettered(&billing, "second");
-    alerts.dead_lettered(&billing, "third");
+    alerts.dead_lettered(&billing, DeadLetterReason::Exhausted, "first");
+    alerts.dead_lettered(&email, DeadLetterReason::Exhausted, "bounced");
+    alerts.dead_lettered(&billing, DeadLetterReason::Exhausted, "second");
+    alerts.dead_lettered(&billing, DeadLetterReason::Exhausted, "third");
     assert_eq!(sent(&alerts, &recorder).await.len(), 2, "one per queue");
     alerts.flush();
     assert_eq!(

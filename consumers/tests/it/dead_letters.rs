@@ -34,6 +34,7 @@ async fn letters(store: &MemoryStore, n: u64) -> Vec<DeadLetterId> {
                 payload: envelope.to_json_bytes().expect("bytes"),
                 attempts: 5,
                 last_error: "customer not found".to_owned(),
+                reason: None,
                 dedup_key: None,
                 at: SystemTime::now(),
             })
@@ -88,6 +89,7 @@ async fn a_tenant_replays_and_discards_its_own_letters_only() {
             payload: b"\xff not json".to_vec(),
             attempts: 1,
             last_error: "not an envelope".to_owned(),
+            reason: None,
             dedup_key: None,
             at: SystemTime::now(),
         })

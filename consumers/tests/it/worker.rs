@@ -135,6 +135,7 @@ async fn exhausted_jobs_are_dead_lettered_with_their_story_and_alerted_once() {
     assert_eq!(reason, DeadReason::Exhausted);
     let letter = h.store.get(id).await.expect("get").expect("recorded");
     assert_eq!(letter.status, DeadLetterStatus::PendingReview);
+    assert_eq!(letter.letter.reason, Some(DeadReason::Exhausted), "kept");
     assert_eq!(letter.letter.attempts, 5);
     assert_eq!(letter.letter.job_id, Some(envelope.job_id));
     assert_eq!(letter.letter.correlation_id, Some(envelope.correlation_id));
@@ -164,14 +165,30 @@ async fn a_permanent_failure_is_dead_lettered_at_once() {
     let worker = h.worker(permanent);
     h.publish(1).await;
     let outcomes = h.drain(&worker).await;
-    assert!(matches!(
-        outcomes[..],
-        [Outcome::DeadLettered {
+    let [
+        Outcome::DeadLettered {
+            id,
             reason: DeadReason::Permanent,
-            ..
-        }]
-    ));
+        },
+    ] = outcomes[..]
+    else {
+        panic!("{outcomes:?}");
+    };
     assert_eq!(h.calls(1), 1);
+    let letter = h.store.get(id).await.expect("get").expect("recorded");
+    assert_eq!(letter.letter.reason, Some(DeadReason::Permanent), "kept");
+    let filtered = |reason| {
+        let store = h.store.clone();
+        async move {
+            let filter = DeadLetterFilter {
+                reason: Some(reason),
+                ..DeadLetterFilter::default()
+            };
+            store.list(&filter).await.expect("list").len()
+        }
+    };
+    assert_eq!(filtered(DeadReason::Permanent).await, 1);
+    assert_eq!(filtered(DeadReason::Exhausted).await, 0);
 }
 
 #[tokio::test]
@@ -237,6 +254,7 @@ async fn a_kind_no_handler_knows_is_retried_then_dead_lettered_as_unknown() {
     };
     assert_eq!(letter.letter.payload, bytes, "its bytes intact");
     assert_eq!(letter.letter.attempts, 5);
+    assert_eq!(letter.letter.reason, Some(DeadReason::UnknownKind), "kept");
     assert!(
         letter.letter.last_error.contains("`kind`"),
         "{}",
@@ -307,6 +325,7 @@ async fn poison_goes_straight_to_dead_letters_with_the_raw_bytes_and_the_field_n
             .find(|l| &l.letter.payload == bytes)
             .unwrap_or_else(|| panic!("no dead letter holds {bytes:?} intact"));
         assert_eq!(letter.letter.attempts, 1, "poison is never retried");
+        assert_eq!(letter.letter.reason, Some(DeadReason::Poison), "kept");
         assert!(
             letter.letter.last_error.contains(field),
             "{field}: {}",

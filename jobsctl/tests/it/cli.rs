@@ -60,6 +60,7 @@ async fn migrate_then_review_and_discard_dead_letters_on_sqlite() {
                 payload: payload.to_vec(),
                 attempts: 1,
                 last_error: format!("poison number {n}"),
+                reason: None,
                 dedup_key: None,
                 at: std::time::SystemTime::now(),
             })

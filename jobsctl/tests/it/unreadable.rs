@@ -42,6 +42,7 @@ async fn an_unreadable_dead_letter_costs_its_line_in_the_list_and_the_console() 
                 payload: b"{}".to_vec(),
                 attempts: 1,
                 last_error: format!("failure number {n}"),
+                reason: None,
                 dedup_key: None,
                 at: std::time::SystemTime::now(),
             })

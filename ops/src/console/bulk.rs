@@ -72,6 +72,8 @@ pub(crate) struct BulkForm {
     tenant: Option<String>,
     #[serde(default)]
     kind: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
 }
 
 impl BulkForm {
@@ -91,6 +93,7 @@ impl BulkForm {
             queue: self.queue.clone(),
             tenant: self.tenant.clone(),
             kind: self.kind.clone(),
+            reason: self.reason.clone(),
             ..ListQuery::default()
         };
         let mut filter = filter_of(&query, session)?;
@@ -112,7 +115,12 @@ fn hidden_fields(form: &BulkForm, csrf: &str) -> Markup {
     html! {
         (csrf_field(csrf))
         input type="hidden" name="action" value=(form.action);
-        @for (name, value) in [("queue", &form.queue), ("tenant", &form.tenant), ("kind", &form.kind)] {
+        @for (name, value) in [
+            ("queue", &form.queue),
+            ("tenant", &form.tenant),
+            ("kind", &form.kind),
+            ("reason", &form.reason),
+        ] {
             @if let Some(value) = value {
                 input type="hidden" name=(name) value=(value);
             }

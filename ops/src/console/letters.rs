@@ -7,7 +7,8 @@ use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use jobs_core::{
-    DeadLetter, DeadLetterId, DeadLetterStatus, ListedLetter, Resolution, UnreadableLetter,
+    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterReason, DeadLetterStatus, ListedLetter,
+    Resolution, UnreadableLetter,
 };
 
 use maud::{Markup, html};
@@ -76,6 +77,7 @@ pub(super) async fn letters(
                     ("queue", set(&query.queue)),
                     ("tenant", set(&query.tenant)),
                     ("kind", set(&query.kind)),
+                    ("reason", set(&query.reason)),
                     ("since", set(&query.since)),
                     ("q", set(&query.q)),
                 ],
@@ -100,6 +102,16 @@ pub(super) async fn letters(
             }
             label { "kind " input name="kind" value=(value(&query.kind)); }
             label {
+                "reason "
+                select name="reason" {
+                    @let reason = set(&query.reason).unwrap_or("");
+                    option value="" selected[reason.is_empty()] { "any" }
+                    @for r in DeadLetterReason::ALL {
+                        option value=(r.as_str()) selected[r.as_str() == reason] { (r.as_str()) }
+                    }
+                }
+            }
+            label {
                 "since " input name="since" value=(value(&query.since)) placeholder="24h" size="5";
             }
             label { "job or correlation id " input name="q" value=(value(&query.q)) size="38"; }
@@ -114,7 +126,7 @@ pub(super) async fn letters(
             table #letters {
                 tr {
                     th { "id" } th { "status" } th { "queue" } th { "kind" } th { "tenant" }
-                    th { "attempts" } th { "dead-lettered" } th { "last error" }
+                    th { "attempts" } th { "reason" } th { "dead-lettered" } th { "last error" }
                 }
                 @for row in &shown {
                     @match row {
@@ -136,7 +148,12 @@ pub(super) async fn letters(
 fn bulk_forms(query: &ListQuery, session: &Session) -> Markup {
     let fields = html! {
         (csrf_field(&session.csrf))
-        @for (name, value) in [("queue", &query.queue), ("tenant", &query.tenant), ("kind", &query.kind)] {
+        @for (name, value) in [
+            ("queue", &query.queue),
+            ("tenant", &query.tenant),
+            ("kind", &query.kind),
+            ("reason", &query.reason),
+        ] {
             @if let Some(value) = set(value) {
                 input type="hidden" name=(name) value=(value);
             }
@@ -170,10 +187,16 @@ fn letter_row(letter: &DeadLetter) -> Markup {
             td { (l.kind.as_ref().map_or("-", |k| k.as_str())) }
             td { (l.tenant_id.map_or_else(|| "-".to_owned(), |t| t.to_string())) }
             td.n { (l.attempts) }
+            td.reason { (reason_of(l.reason)) }
             td { (time(l.at)) }
             td { (html::first_line(&l.last_error, 200)) }
         }
     }
+}
+
+/// A letter's reason as pages show it; letters from before reasons were kept have none.
+fn reason_of(reason: Option<DeadLetterReason>) -> &'static str {
+    reason.map_or("not recorded", DeadLetterReason::as_str)
 }
 
 /// A row the store could not read, in its place in the list: its id and why, across the
@@ -183,7 +206,7 @@ fn unreadable_row(row: &UnreadableLetter) -> Markup {
         tr.unreadable data-id=(row.id.0) {
             td { (row.id.0) }
             td { span.status { "unreadable" } }
-            td.error colspan="6" { (row.why) }
+            td.error colspan="7" { (row.why) }
         }
     }
 }
@@ -250,6 +273,7 @@ pub(super) async fn letter(
             l.consumer.as_ref().map_or("-".into(), |c| c.to_string()),
         ),
         ("attempts", l.attempts.to_string()),
+        ("reason", reason_of(l.reason).to_owned()),
         ("dead-lettered", time(l.at)),
         ("status since", time(letter.updated_at)),
     ];
@@ -287,6 +311,7 @@ pub(super) async fn letter(
         },
         Err(e) => html! { p.error { "The history could not be read: " (e) } },
     };
+    let same_job = same_job(&console, &session, &letter).await;
     let body = html! {
         p { (status_badge(letter.status)) }
         dl {
@@ -297,6 +322,7 @@ pub(super) async fn letter(
         (payload)
         h2 { "History" }
         (history)
+        (same_job)
         @if letter.status == DeadLetterStatus::PendingReview {
             h2 { "Put it back" }
             form method="post" action={ "/letters/" (id) "/replay" } class="inline" {
@@ -313,6 +339,42 @@ pub(super) async fn letter(
         StatusCode::OK,
         page(&format!("Dead letter {id}"), Some(&session), body),
     )
+}
+
+/// The other letters of `letter`'s job (its earlier dead letters, or the one its replay
+/// became), newest first, as `session` may see them: a replay's outcome is one click away.
+async fn same_job(console: &Console, session: &Session, letter: &DeadLetter) -> Markup {
+    let Some(job) = letter.letter.job_id else {
+        return html! {};
+    };
+    let filter = DeadLetterFilter {
+        job_id: Some(job),
+        tenant_id: session.tenant,
+        newest_first: true,
+        limit: 20,
+        ..DeadLetterFilter::default()
+    };
+    let others: Vec<DeadLetter> = match console.dead_letters.list(&filter).await {
+        Ok(listed) => listed.into_iter().filter(|l| l.id != letter.id).collect(),
+        Err(e) => return html! { p.error { "The job's other letters could not be read: " (e) } },
+    };
+    if others.is_empty() {
+        return html! {};
+    }
+    html! {
+        h2 { "Other letters of this job" }
+        table #same-job {
+            tr { th { "id" } th { "status" } th { "reason" } th { "dead-lettered" } }
+            @for other in &others {
+                tr {
+                    td { a href={ "/letters/" (other.id.0) } { (other.id.0) } }
+                    td { (status_badge(other.status)) }
+                    td { (reason_of(other.letter.reason)) }
+                    td { (time(other.letter.at)) }
+                }
+            }
+        }
+    }
 }
 
 /// A POST of `resolution` on letter `id`: done, it goes back to the letter's page.

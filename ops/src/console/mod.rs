@@ -40,8 +40,8 @@ use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use jobs_consumers::DeadLetters;
 use jobs_core::{
-    BulkRuns, CorrelationId, DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore,
-    JobId, Kind, QueueDepth, QueueName, QueuePort, TenantDirectory, TenantId,
+    BulkRuns, CorrelationId, DeadLetterFilter, DeadLetterId, DeadLetterReason, DeadLetterStatus,
+    DeadLetterStore, JobId, Kind, QueueDepth, QueueName, QueuePort, TenantDirectory, TenantId,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -710,6 +710,8 @@ struct ListQuery {
     kind: Option<String>,
     /// A job id or a correlation id.
     q: Option<String>,
+    /// Why the letters were dead-lettered (`DeadLetterReason`).
+    reason: Option<String>,
     before: Option<i64>,
     since: Option<String>,
 }
@@ -749,6 +751,13 @@ fn filter_of(query: &ListQuery, session: &Session) -> Result<DeadLetterFilter, S
     }
     if let Some(kind) = set(&query.kind) {
         filter.kind = Some(kind.parse::<Kind>().map_err(|e| format!("kind: {e}"))?);
+    }
+    if let Some(reason) = set(&query.reason) {
+        filter.reason = Some(
+            reason
+                .parse::<DeadLetterReason>()
+                .map_err(|e| format!("reason: {e}"))?,
+        );
     }
     if let Some(tenant) = set(&query.tenant) {
         filter.tenant_id = Some(

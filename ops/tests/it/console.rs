@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryTenantDirectory};
 use jobs_core::{
-    DeadLetterId, DeadLetterStatus, DeadLetterStore, Envelope, NewDeadLetter, PublishOptions,
-    PullPort, QueueError, QueueName, QueuePort, Receipt, Tenant,
+    DeadLetterId, DeadLetterReason, DeadLetterStatus, DeadLetterStore, Envelope, NewDeadLetter,
+    PublishOptions, PullPort, QueueError, QueueName, QueuePort, Receipt, Tenant,
 };
 use jobs_ops::console::{Console, ConsoleToken};
 use jobs_testkit::fixtures;
@@ -77,6 +77,7 @@ async fn serve_with(queue: MemoryQueue, publisher: Arc<dyn QueuePort>) -> Served
                     payload: envelope.to_json_bytes().expect("bytes"),
                     attempts: 5,
                     last_error: error,
+                    reason: Some(DeadLetterReason::Exhausted),
                     dedup_key: Some(envelope.job_id.to_string()),
                     at: SystemTime::now(),
                 })
@@ -97,6 +98,7 @@ async fn serve_with(queue: MemoryQueue, publisher: Arc<dyn QueuePort>) -> Served
                 payload: vec![0x00, 0xff, b'<'],
                 attempts: 1,
                 last_error: "not an envelope".to_owned(),
+                reason: Some(DeadLetterReason::Poison),
                 dedup_key: None,
                 at: SystemTime::now(),
             })
@@ -253,6 +255,24 @@ async fn an_operator_sees_counts_by_error_and_replays_a_letter_onto_its_queue() 
             "each letter's own error: {list}"
         );
     }
+    assert!(
+        list.contains("<td class=\"reason\">exhausted</td>"),
+        "{list}"
+    );
+    let (status, poison) = s.get(Some(&cookie), "/letters?reason=poison").await;
+    assert_eq!(status, StatusCode::OK);
+    let rows = poison.matches("<tr data-id=").count();
+    assert_eq!(rows, 1, "only the poison letter: {poison}");
+    assert!(
+        poison.contains(&format!("data-id=\"{}\"", s.ids[4])),
+        "{poison}"
+    );
+    let (status, _) = s.get(Some(&cookie), "/letters?reason=tired").await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "an unknown reason is refused"
+    );
     // The overview started the depth sampler; its first sample is taken at once.
     let mut sampled = false;
     for _ in 0..50 {
@@ -493,6 +513,7 @@ async fn without_sign_in_a_rebound_page_gets_neither_a_page_nor_a_discard() {
             payload: b"{}".to_vec(),
             attempts: 1,
             last_error: "x".to_owned(),
+            reason: None,
             dedup_key: None,
             at: SystemTime::now(),
         })
@@ -1120,6 +1141,7 @@ async fn a_rejected_request_gets_the_consoles_page_and_hidden_characters_show() 
             payload: b"{}".to_vec(),
             attempts: 1,
             last_error: "refund \u{202E}001 ot\u{202C} sent\u{0007}".to_owned(),
+            reason: None,
             dedup_key: None,
             at: SystemTime::now(),
         })
@@ -1135,5 +1157,44 @@ async fn a_rejected_request_gets_the_consoles_page_and_hidden_characters_show() 
     assert!(
         !page.contains('\u{202E}'),
         "no override reaches the browser"
+    );
+}
+
+/// A letter's page lists the other letters of its job (the one its replay became, say), and
+/// every page shows a letter's reason, "not recorded" for a row from before reasons were kept.
+#[tokio::test]
+async fn a_letters_page_links_the_other_letters_of_its_job_and_shows_its_reason() {
+    let s = serve().await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let first = s.store.get(s.ids[0]).await.expect("get").expect("a letter");
+    let mut again = first.letter.clone();
+    again.dedup_key = Some(format!("{}-again", first.id));
+    again.reason = None;
+    let second = s.store.record(again).await.expect("recorded").id();
+    let (status, page) = s
+        .get(Some(&cookie), &format!("/letters/{}", s.ids[0]))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("<dt>reason</dt><dd>exhausted</dd>"), "{page}");
+    assert!(page.contains("Other letters of this job"), "{page}");
+    assert!(
+        page.contains(&format!("<a href=\"/letters/{second}\">{second}</a>")),
+        "{page}"
+    );
+    let (_, other) = s.get(Some(&cookie), &format!("/letters/{second}")).await;
+    assert!(
+        other.contains("<dt>reason</dt><dd>not recorded</dd>"),
+        "{other}"
+    );
+    assert!(
+        other.contains(&format!("<a href=\"/letters/{}\">", s.ids[0])),
+        "{other}"
+    );
+    let (_, lone) = s
+        .get(Some(&cookie), &format!("/letters/{}", s.ids[4]))
+        .await;
+    assert!(
+        !lone.contains("Other letters"),
+        "a poison letter has no job: {lone}"
     );
 }

@@ -33,6 +33,7 @@ where
             payload: format!("{{\"n\":{n}}}").into_bytes(),
             attempts: 1,
             last_error: format!("failed {n}"),
+            reason: None,
             dedup_key: None,
             at: std::time::SystemTime::now(),
         };

@@ -19,9 +19,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jobs_core::{
     BulkRun, BulkRunId, BulkRuns, Claim, ConsumerName, DeadLetter, DeadLetterEvent,
-    DeadLetterFilter, DeadLetterId, DeadLetterStatus, DeadLetterStore, JobId, NewDeadLetter,
-    ProcessedJobs, QueueName, Recorded, Resolution, StoreError, Transition, WorkStore,
-    WorkTransaction,
+    DeadLetterFilter, DeadLetterId, DeadLetterReason, DeadLetterStatus, DeadLetterStore, JobId,
+    NewDeadLetter, ProcessedJobs, QueueName, Recorded, Resolution, StoreError, Transition,
+    WorkStore, WorkTransaction,
 };
 
 use crate::fixtures;
@@ -115,6 +115,7 @@ fn letter(q: &QueueName, n: u32, dedup_key: Option<&str>) -> NewDeadLetter {
         payload: format!("{{\"n\":{n}}}").into_bytes(),
         attempts: 5,
         last_error: format!("handler failed on letter {n}"),
+        reason: Some(DeadLetterReason::Exhausted),
         dedup_key: dedup_key.map(str::to_owned),
         at: time(u64::from(n)),
     }
@@ -468,10 +469,16 @@ pub async fn records_and_gets_dead_letters_exactly<S: DeadLetterStore>(store: S)
         payload: vec![0xff, 0x00, 0xfe],
         attempts: 1,
         last_error: "job_id: must be a UUID version 7".to_owned(),
+        reason: Some(DeadLetterReason::Poison),
         dedup_key: None,
         at: time(2),
     };
-    for sent in [full, poison] {
+    // A row from before reasons were kept reads back without one.
+    let unrecorded = NewDeadLetter {
+        reason: None,
+        ..letter(&q, 3, Some("job-3"))
+    };
+    for sent in [full, poison, unrecorded] {
         let id = new_id(check, record(check, &store, sent.clone()).await);
         let got = get(check, &store, id).await;
         let expected = DeadLetter {
@@ -607,12 +614,23 @@ async fn seed_listing<S: DeadLetterStore>(check: &str, store: &S) -> Vec<DeadLet
         None,
         Some("test.other"),
     ];
+    // Every reason a letter can carry, and none (a row from before reasons were kept).
+    let reasons = [
+        Some(DeadLetterReason::Exhausted),
+        Some(DeadLetterReason::Poison),
+        Some(DeadLetterReason::Permanent),
+        None,
+        Some(DeadLetterReason::UnknownKind),
+        Some(DeadLetterReason::TooLarge),
+        Some(DeadLetterReason::Exhausted),
+    ];
     let mut seeded = vec![];
     for n in 0..7u32 {
         let i = usize::try_from(n).expect("small index");
         let mut sent = letter(&queues[i % 2], n, None);
         sent.tenant_id = tenants[i].map(fixtures::tenant);
         sent.kind = kinds[i].map(fixtures::kind);
+        sent.reason = reasons[i];
         let id = new_id(check, record(check, store, sent.clone()).await);
         if let Some(last) = seeded.last().map(|d: &DeadLetter| d.id) {
             assert!(id > last, "{check}: ids must increase ({id} after {last})");
@@ -655,6 +673,7 @@ fn selects(filter: &DeadLetterFilter, d: &DeadLetter) -> bool {
         && filter
             .correlation_id
             .is_none_or(|c| d.letter.correlation_id == Some(c))
+        && filter.reason.is_none_or(|r| d.letter.reason == Some(r))
         && filter.after.is_none_or(|after| d.id > after)
         && filter.before.is_none_or(|before| d.id < before)
 }
@@ -720,6 +739,25 @@ pub async fn lists_dead_letters_by_filter_in_id_order<S: DeadLetterStore>(store:
             expected,
             "{check}: wrong letters for {filter:?}"
         );
+    }
+    for reason in DeadLetterReason::ALL {
+        for status in [None, pending] {
+            let filter = DeadLetterFilter {
+                reason: Some(reason),
+                status,
+                ..DeadLetterFilter::default()
+            };
+            let expected: Vec<DeadLetterId> = seeded
+                .iter()
+                .filter(|d| selects(&filter, d))
+                .map(|d| d.id)
+                .collect();
+            assert_eq!(
+                list(check, &store, &filter).await,
+                expected,
+                "{check}: wrong letters for {filter:?}"
+            );
+        }
     }
 }
 

@@ -90,10 +90,18 @@ where
         .list(&DeadLetterFilter::default())
         .await
         .expect("list the dead letters");
-    let letters: Vec<(String, u32)> = (letters.into_iter())
-        .map(|letter| (letter.letter.last_error, letter.letter.attempts))
+    let letters: Vec<_> = (letters.into_iter())
+        .map(|l| (l.letter.last_error, l.letter.attempts, l.letter.reason))
         .collect();
-    assert_eq!(letters, [("invoice does not exist".to_owned(), 1)]);
+    assert_eq!(
+        letters,
+        [(
+            "invoice does not exist".to_owned(),
+            1,
+            Some(jobs_core::DeadLetterReason::Permanent)
+        )],
+        "the grouped path keeps the letter's reason"
+    );
     for (n, envelope) in envelopes.iter().enumerate() {
         let claimed = [0, 2, 3, 5, 7].contains(&n);
         assert_eq!(

@@ -408,8 +408,9 @@ async fn rows_that_can_never_be_forwarded_become_dead_letters_and_hold_up_nothin
         assert_eq!(relay_all(&relay, 10).await, 7, "every row left the outbox");
         let forwarded: Vec<JobId> = before.iter().chain(&after).map(|e| e.job_id).collect();
         assert_eq!(downstream.accepted(), forwarded, "the good rows, in order");
-        let letters: Vec<(String, String, bool)> = sqlx::query_as(
-            "select d.queue, d.last_error, d.tenant_id = $1 from core.dead_letters d order by d.id",
+        let letters: Vec<(String, String, bool, Option<String>)> = sqlx::query_as(
+            "select d.queue, d.last_error, d.tenant_id = $1, d.reason from core.dead_letters d \
+             order by d.id",
         )
         .bind(fixtures::tenant(1).as_uuid())
         .fetch_all(&pool)
@@ -430,6 +431,12 @@ async fn rows_that_can_never_be_forwarded_become_dead_letters_and_hold_up_nothin
         );
         assert!(letters[2].1.contains("no valid queue"), "{letters:?}");
         assert!(letters.iter().all(|l| l.2), "each keeps its tenant");
+        assert!(
+            letters
+                .iter()
+                .all(|l| l.3.as_deref() == Some("unforwardable")),
+            "each says why: {letters:?}"
+        );
         let kept: i64 =
             sqlx::query_scalar("select count(*) from core.dead_letters where payload = $1")
                 .bind(big.to_json_bytes().expect("encodes"))

@@ -57,6 +57,7 @@ async fn faithful_letters(pool: &PgPool) -> i64 {
     sqlx::query_scalar(
         "select count(*) from core.dead_letters d join originals o on d.payload = o.payload \
          where d.queue = $1 and d.tenant_id = $2 and d.status = 'pending_review' \
+           and d.reason = 'too_large' \
            and d.last_error like 'the envelope is ' || octet_length(o.payload) \
                || ' bytes, over the limit of ' || $3 || ' bytes%'",
     )

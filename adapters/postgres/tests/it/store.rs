@@ -296,6 +296,7 @@ async fn concurrent_records_of_one_key_make_one_pending_letter() {
             payload: b"{}".to_vec(),
             attempts: 5,
             last_error: "boom".to_owned(),
+            reason: None,
             dedup_key: Some("job-1".to_owned()),
             at: SystemTime::now(),
         };
