@@ -34,6 +34,10 @@ Exit codes:
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) config: ConfigFlags,
+    /// Who the dead letters' history records as acting (replays, discards, bulk runs)
+    /// [default: $USER, else the name of this process's uid].
+    #[arg(long = "as", global = true, value_name = "NAME")]
+    pub(crate) acting_as: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

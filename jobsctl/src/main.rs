@@ -47,6 +47,13 @@ fn main() -> ExitCode {
             demo::run(&mut std::io::stdout().lock()).await
         }));
     }
+    if let Some(name) = cli.acting_as.as_deref().map(str::trim) {
+        if name.is_empty() || name.chars().any(char::is_control) {
+            eprintln!("error: --as: a name of visible characters, not `{name:?}`");
+            return ExitCode::from(2);
+        }
+        let _ = ACTING_AS.set(name.to_owned());
+    }
     let config = match cli.config.resolve() {
         Ok(config) => config,
         Err(e) => return finish(Err(e.into())),
@@ -359,12 +366,39 @@ fn validate(file: &PathBuf, lines: bool, json: bool) -> ExitCode {
     }
 }
 
-/// Who runs this `jobsctl`, as dead-letter histories record it: `$USER`, else `unknown user`.
+/// `--as NAME`, when given: who the dead-letter histories record.
+static ACTING_AS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Who runs this `jobsctl`, as dead-letter histories record it: `--as NAME`, else `$USER`,
+/// else the name `/etc/passwd` gives this process's uid (containers and CI often set no
+/// `$USER`), else `uid N`, else `unknown user`.
 fn operator() -> String {
+    if let Some(name) = ACTING_AS.get() {
+        return name.clone();
+    }
     std::env::var("USER")
         .ok()
         .filter(|user| !user.is_empty())
+        .or_else(uid_name)
         .unwrap_or_else(|| "unknown user".to_owned())
+}
+
+/// This process's real uid, by name where `/etc/passwd` has it (`uid N` where it does not).
+fn uid_name() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let uid = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .to_owned();
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let name = passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        (fields.nth(1)? == uid).then(|| name.to_owned())
+    });
+    Some(name.unwrap_or_else(|| format!("uid {uid}")))
 }
 
 fn block_on<T>(work: impl Future<Output = Result<T>>) -> Result<T> {

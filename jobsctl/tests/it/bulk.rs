@@ -152,6 +152,27 @@ async fn review(
         .list(&DeadLetterFilter::default())
         .await
         .expect("list");
+    // Each letter keeps its reason, and the list filters by it.
+    let by_reason = |reason: &str| {
+        let listed = run(&["dead-letters", "list", "--reason", reason, "--json"]);
+        assert!(listed.status.success(), "{listed:?}");
+        (text(&listed.stdout).lines())
+            .map(|line| {
+                let v: serde_json::Value = serde_json::from_str(line).expect("JSON Lines");
+                v["reason"].as_str().expect("a reason").to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(by_reason("poison"), ["poison"], "the broken payload");
+    assert_eq!(
+        by_reason("permanent").len(),
+        all.len() - 1,
+        "the refused jobs"
+    );
+    assert!(by_reason("exhausted").is_empty());
+    let unknown = run(&["dead-letters", "list", "--reason", "tired"]);
+    assert_eq!(unknown.status.code(), Some(2), "{unknown:?}");
+    assert!(text(&unknown.stderr).contains("exhausted"), "{unknown:?}");
     let tenant1: TenantId = jobs_testkit::fixtures::tenant(1);
     let ones: Vec<DeadLetterId> = all
         .iter()

@@ -501,3 +501,70 @@ async fn the_console_answers_the_hosts_allowed_host_names_and_refuses_others() {
     assert!(other.contains(" 421 "), "{other}");
     drop(child);
 }
+
+/// Who a change is recorded as: `--as NAME`, else `$USER`, else the uid's name (containers
+/// and CI often set no `$USER`), never "unknown user" where the system knows the uid.
+#[tokio::test]
+async fn the_history_names_the_uids_user_without_user_and_the_given_name_with_as() {
+    let db = TempDb::new("acting");
+    let url = db.url();
+    assert!(
+        jobsctl(&["migrate", "--database-url", &url])
+            .status
+            .success()
+    );
+    let store = SqliteStore::open(&db.0).await.expect("open");
+    for n in 0..2 {
+        store
+            .record(NewDeadLetter {
+                job_id: None,
+                queue: "billing.invoices".parse().expect("valid"),
+                consumer: None,
+                tenant_id: None,
+                kind: None,
+                correlation_id: None,
+                payload: b"{}".to_vec(),
+                attempts: 1,
+                last_error: format!("letter {n}"),
+                reason: None,
+                dedup_key: None,
+                at: std::time::SystemTime::now(),
+            })
+            .await
+            .expect("record");
+    }
+    store.pool().close().await;
+    let by = |id: &str| {
+        let shown = jobsctl(&["dead-letters", "show", id, "--json", "--database-url", &url]);
+        let json: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+        json["history"][0]["by"]
+            .as_str()
+            .expect("a change")
+            .to_owned()
+    };
+    let mut no_user = Command::new(env!("CARGO_BIN_EXE_jobsctl"));
+    no_user
+        .args(["dead-letters", "discard", "1", "--database-url", &url])
+        .env_remove("USER");
+    assert!(no_user.output().expect("runs").status.success());
+    let id = Command::new("id").arg("-un").output().expect("id runs");
+    let name = String::from_utf8_lossy(&id.stdout).trim().to_owned();
+    assert_eq!(by("1"), format!("jobsctl ({name})"));
+
+    let given = jobsctl_with(
+        &[
+            "dead-letters",
+            "discard",
+            "2",
+            "--as",
+            "carol",
+            "--database-url",
+            &url,
+        ],
+        &[("USER", "alice")],
+    );
+    assert!(given.status.success(), "{given:?}");
+    assert_eq!(by("2"), "jobsctl (carol)", "--as wins over $USER");
+    let blank = jobsctl(&["dead-letters", "list", "--as", " ", "--database-url", &url]);
+    assert_eq!(blank.status.code(), Some(2), "{blank:?}");
+}
