@@ -61,6 +61,8 @@ mod queue;
 #[cfg(feature = "queue")]
 mod rows;
 mod tenants;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 mod tx;
 
 pub use error::error_class;

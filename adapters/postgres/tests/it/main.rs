@@ -20,3 +20,5 @@ mod partitions;
 mod queue;
 mod store;
 mod tenants;
+#[cfg(feature = "test-util")]
+mod test_util;
