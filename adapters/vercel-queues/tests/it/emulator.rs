@@ -274,6 +274,30 @@ async fn a_callback_without_payload_receives_by_id_and_skips_what_is_done() {
     assert_eq!(bad.status(), 400);
 }
 
+#[tokio::test]
+async fn a_callback_naming_another_consumer_group_is_refused_and_leaves_it_the_message() {
+    let (vercel, emulator) = on_emulator("workers").await;
+    let q = queue("jobs.pushed");
+    let receipt = vercel
+        .publish(&q, &fixtures::envelope(1, 1), PublishOptions::default())
+        .await
+        .unwrap();
+    let id = receipt.message_id.unwrap();
+    let reply = vercel
+        .handle_push(&callback(&q, "billing-audit", &id), vec![], |_| async {
+            panic!("another group's message must not run here")
+        })
+        .await;
+    assert_eq!(reply.status(), 400, "{reply:?}");
+    let clock = Arc::new(emulator.clock().expect("a manual clock"));
+    let theirs = adapter(emulator.base_url(), "billing-audit", clock);
+    let got = theirs
+        .receive(&q, 10, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1, "still receivable in its own group");
+}
+
 /// `callback` headers with a pushed payload: a receipt handle, a delivery count, a body.
 fn pushed(q: &QueueName, group: &str, message_id: &str, receipt_handle: &str) -> HeaderMap {
     let mut headers = callback(q, group, message_id);
