@@ -82,11 +82,8 @@ async fn run(command: Command, config: Config) -> Result<()> {
             let queue = Queue::connect(&config).await?;
             let names = if !queues.is_empty() {
                 queues
-            } else if let Some(list) = config.get(&compose::QUEUES) {
-                list.split(',')
-                    .map(|name| name.trim().parse::<QueueName>())
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| Usage(format!("{}: {e}", compose::QUEUES.describe())))?
+            } else if let Some(named) = configured_queues(&config)? {
+                named
             } else {
                 listed(&queue).await?
             };
@@ -201,7 +198,14 @@ async fn console(
         console = console.tenants(tenants);
     }
     if let Some(depth) = queue.depth.clone() {
-        let names = listed(&queue).await?;
+        // The queues JOBS_QUEUES names stay on the overview when they drain; the console keeps
+        // those it saw holding messages for ten minutes too.
+        let mut names = configured_queues(config)?.unwrap_or_default();
+        for listed in listed(&queue).await? {
+            if !names.contains(&listed) {
+                names.push(listed);
+            }
+        }
         console = console.depth(depth, names);
     }
     let listener = tokio::net::TcpListener::bind(listen)
@@ -411,6 +415,19 @@ fn block_on<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
 
 /// The queues the transport holds messages in, when it can list them; else the standard
 /// tasks' queues, said so on standard error.
+/// The queues [`compose::QUEUES`] names, if it is set; refused naming the key when one is no
+/// queue name.
+fn configured_queues(config: &Config) -> Result<Option<Vec<QueueName>>> {
+    let Some(list) = config.get(&compose::QUEUES) else {
+        return Ok(None);
+    };
+    let names = (list.split(','))
+        .map(|name| name.trim().parse::<QueueName>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| Usage(format!("{}: {e}", compose::QUEUES.describe())))?;
+    Ok(Some(names))
+}
+
 async fn listed(queue: &Queue) -> Result<Vec<QueueName>> {
     // An in-process queue holds nothing in a one-shot command: the standard ones say more.
     if queue.durable

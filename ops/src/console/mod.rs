@@ -136,11 +136,26 @@ impl Console {
 
     fn record(&self, queue: QueueName, total: u64) {
         let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
-        let line = samples.entry(queue).or_default();
+        let line = samples.entry(queue.clone()).or_default();
         line.push_back(total);
         while line.len() > SAMPLES {
             line.pop_front();
         }
+        // Empty for the whole window: forgotten, so the samples stay bounded by the queues
+        // that held messages in the last ten minutes.
+        if line.len() == SAMPLES && line.iter().all(|n| *n == 0) {
+            samples.remove(&queue);
+        }
+    }
+
+    /// The queues that held messages at some sample of the last ten minutes: the overview
+    /// keeps them after they drain (the transport lists only queues holding messages now).
+    fn recent(&self) -> Vec<QueueName> {
+        let samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        (samples.iter())
+            .filter(|(_, line)| line.iter().any(|n| *n > 0))
+            .map(|(queue, _)| queue.clone())
+            .collect()
     }
 
     /// `queue`'s samples, oldest first.
@@ -165,7 +180,8 @@ impl Console {
         }
     }
 
-    /// Shows the depth of `queues` (and of every queue `depth` lists) on the overview.
+    /// Shows the depth of `queues` (and of every queue `depth` lists, and of those that held
+    /// messages in the last ten minutes) on the overview.
     pub fn depth(mut self, depth: Arc<dyn QueueDepth>, queues: Vec<QueueName>) -> Self {
         self.depth = Some(depth);
         self.queues = queues;
@@ -490,7 +506,13 @@ async fn queue_rows(console: &Console) -> Vec<(QueueName, Option<jobs_core::Dept
     let Some(depth) = &console.depth else {
         return vec![];
     };
-    match depth.depths(&console.queues).await {
+    let mut also = console.queues.clone();
+    for queue in console.recent() {
+        if !also.contains(&queue) {
+            also.push(queue);
+        }
+    }
+    match depth.depths(&also).await {
         Ok(mut rows) => {
             rows.sort_by(|a, b| (b.1.total().cmp(&a.1.total())).then_with(|| a.0.cmp(&b.0)));
             rows.into_iter().map(|(name, d)| (name, Some(d))).collect()

@@ -1198,3 +1198,46 @@ async fn a_letters_page_links_the_other_letters_of_its_job_and_shows_its_reason(
         "a poison letter has no job: {lone}"
     );
 }
+
+/// A queue that drains stays on the overview for the ten minutes the chart covers: the
+/// transport lists only queues holding messages now, the console remembers those it saw.
+#[tokio::test]
+async fn a_queue_that_drains_stays_on_the_overview() {
+    let s = serve().await;
+    let cookie = s.sign_in(OPERATOR).await;
+    let email: QueueName = "notify.email".parse().expect("a queue");
+    s.queue
+        .publish(&email, &fixtures::envelope(1, 1), PublishOptions::default())
+        .await
+        .expect("publish");
+    let _ = s.get(Some(&cookie), "/").await;
+    let mut seen = false;
+    for _ in 0..50 {
+        let (_, queues) = s.get(Some(&cookie), "/queues.json").await;
+        let queues: serde_json::Value = serde_json::from_str(&queues).expect("JSON");
+        let email_row = (queues.as_array().expect("rows").iter())
+            .find(|q| q["queue"] == "notify.email")
+            .cloned();
+        if email_row.is_some_and(|q| q["history"].as_array().is_some_and(|h| h.contains(&1.into())))
+        {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen, "the sampler saw notify.email holding a job");
+    let taken = s
+        .queue
+        .receive(&email, 10, Duration::from_secs(30))
+        .await
+        .expect("receive");
+    for delivery in &taken {
+        s.queue.ack(&delivery.lease).await.expect("ack");
+    }
+    let (status, overview) = s.get(Some(&cookie), "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        overview.contains("data-queue=\"notify.email\""),
+        "a drained queue stays listed: {overview}"
+    );
+}
