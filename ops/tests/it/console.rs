@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use jobs_adapter_memory::{MemoryQueue, MemoryStore, MemoryTenantDirectory};
 use jobs_core::{
     DeadLetterId, DeadLetterReason, DeadLetterStatus, DeadLetterStore, Envelope, NewDeadLetter,
-    PublishOptions, PullPort, QueueError, QueueName, QueuePort, Receipt, Tenant,
+    PublishOptions, PullPort, QueueError, QueueName, QueuePort, Receipt, SettlePort, Tenant,
 };
 use jobs_ops::console::{Console, ConsoleToken};
 use jobs_testkit::fixtures;
@@ -1218,8 +1218,11 @@ async fn a_queue_that_drains_stays_on_the_overview() {
         let email_row = (queues.as_array().expect("rows").iter())
             .find(|q| q["queue"] == "notify.email")
             .cloned();
-        if email_row.is_some_and(|q| q["history"].as_array().is_some_and(|h| h.contains(&1.into())))
-        {
+        if email_row.is_some_and(|q| {
+            q["history"]
+                .as_array()
+                .is_some_and(|h| h.contains(&1.into()))
+        }) {
             seen = true;
             break;
         }
