@@ -516,20 +516,11 @@ async fn the_history_names_the_uids_user_without_user_and_the_given_name_with_as
     let store = SqliteStore::open(&db.0).await.expect("open");
     for n in 0..2 {
         store
-            .record(NewDeadLetter {
-                job_id: None,
-                queue: "billing.invoices".parse().expect("valid"),
-                consumer: None,
-                tenant_id: None,
-                kind: None,
-                correlation_id: None,
-                payload: b"{}".to_vec(),
-                attempts: 1,
-                last_error: format!("letter {n}"),
-                reason: None,
-                dedup_key: None,
-                at: std::time::SystemTime::now(),
-            })
+            .record(jobs_testkit::fixtures::raw_letter(
+                "billing.invoices",
+                b"{}",
+                &format!("letter {n}"),
+            ))
             .await
             .expect("record");
     }

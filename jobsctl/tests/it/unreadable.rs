@@ -6,7 +6,8 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
 use jobs_adapter_postgres::PgStore;
-use jobs_core::{DeadLetterStore, NewDeadLetter};
+use jobs_core::DeadLetterStore;
+use jobs_testkit::fixtures::raw_letter;
 
 use crate::cli::jobsctl_with;
 use crate::pg::TestDb;
@@ -32,20 +33,11 @@ async fn an_unreadable_dead_letter_costs_its_line_in_the_list_and_the_console() 
     let mut ids = vec![];
     for n in 0..3 {
         let recorded = store
-            .record(NewDeadLetter {
-                job_id: None,
-                queue: "billing.invoices".parse().expect("a queue"),
-                consumer: None,
-                tenant_id: None,
-                kind: None,
-                correlation_id: None,
-                payload: b"{}".to_vec(),
-                attempts: 1,
-                last_error: format!("failure number {n}"),
-                reason: None,
-                dedup_key: None,
-                at: std::time::SystemTime::now(),
-            })
+            .record(raw_letter(
+                "billing.invoices",
+                b"{}",
+                &format!("failure number {n}"),
+            ))
             .await
             .expect("record");
         ids.push(recorded.id());
