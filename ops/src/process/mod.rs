@@ -55,6 +55,7 @@
 //! receipt handle is confirmed as a lease of ours. A delivery for a queue the process does
 //! not serve is refused.
 
+mod commands;
 mod endpoints;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -112,6 +113,9 @@ pub enum ProcessError {
         #[source]
         source: NameError,
     },
+    /// The module's own migrations, run by [`WorkerProcess::migrate`], failed.
+    #[error("the module's own migrations: {0}")]
+    Migrate(String),
     /// [`WorkerProcess::queue`] was never called.
     #[error("a worker process needs at least one queue (WorkerProcess::queue)")]
     NoQueues,
@@ -166,6 +170,11 @@ where
     /// Opens the store named by [`DATABASE_URL`] (already checked to be of this engine) with
     /// a pool of `connections`.
     async fn open(config: &Config, connections: u32) -> Result<Opened<Self>, ProcessError>;
+
+    /// Connects the store [`DATABASE_URL`] names and creates or updates the framework's
+    /// tables in it (idempotent), for a module binary's `migrate`
+    /// ([`WorkerProcess::migrate`]).
+    async fn migrated(config: &Config) -> Result<Self, ProcessError>;
 }
 
 /// What [`ProcessStore::open`] opened.

@@ -70,6 +70,16 @@ impl ProcessStore for PgStore {
             ping,
         })
     }
+
+    async fn migrated(config: &Config) -> Result<PgStore, ProcessError> {
+        let url = config.require(&DATABASE_URL)?;
+        let timeout = compose::connect_timeout(config)?;
+        let store = PgStore::connect_with(url, PgStore::pool_options(2), timeout)
+            .await
+            .map_err(ComposeError::Store)?;
+        store.migrate().await.map_err(ComposeError::Store)?;
+        Ok(store)
+    }
 }
 
 /// The PostgreSQL queue in `store`'s database, on its pool, its workers grouped; envelopes

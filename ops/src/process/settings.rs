@@ -16,31 +16,32 @@ use crate::compose::{
 
 /// The settings a binary may offer as flags of its own command line, flattened with
 /// `#[command(flatten)]`; unset flags fall back to the environment, `jobs.toml` and the
-/// defaults, as for `jobsctl`.
+/// defaults, as for `jobsctl`. They are global: a binary with subcommands takes them before
+/// or after its subcommand (`billing-worker run --http-addr …`).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ProcessFlags {
     /// The configuration file [env: JOBS_CONFIG] [default: ./jobs.toml when present].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
     /// The store [env: DATABASE_URL].
-    #[arg(long, value_name = "URL")]
+    #[arg(long, global = true, value_name = "URL")]
     pub database_url: Option<String>,
     /// The queue transport [env: JOBS_QUEUE_URL] [default: the store's own, on PostgreSQL].
-    #[arg(long, value_name = "URL")]
+    #[arg(long, global = true, value_name = "URL")]
     pub queue_url: Option<String>,
     /// Where /healthz, /readyz and /metrics are served [env: JOBS_HTTP_ADDR]
     /// [default: 127.0.0.1:9464].
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, global = true, value_name = "ADDR")]
     pub http_addr: Option<String>,
     /// Log lines: human or json [env: JOBS_LOG_FORMAT] [default: human].
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, global = true, value_name = "FORMAT")]
     pub log_format: Option<String>,
     /// Jobs each queue's worker runs at once [env: JOBS_CONCURRENCY] [default: 8].
-    #[arg(long, value_name = "N")]
+    #[arg(long, global = true, value_name = "N")]
     pub concurrency: Option<String>,
     /// How long in-flight jobs may finish after a stop signal, e.g. 30s or 1m30s
     /// [env: JOBS_SHUTDOWN_GRACE] [default: 30s].
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, global = true, value_name = "DURATION")]
     pub shutdown_grace: Option<String>,
 }
 
@@ -158,5 +159,29 @@ mod tests {
             config.setting(&HTTP_ADDR).map(|s| s.source.clone()),
             Some(Source::Flag)
         );
+    }
+
+    #[test]
+    fn the_process_flags_are_taken_after_a_subcommand_too() {
+        use clap::{Parser, Subcommand};
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            process: ProcessFlags,
+            #[command(subcommand)]
+            command: Command,
+        }
+        #[derive(Subcommand, PartialEq, Debug)]
+        enum Command {
+            Run,
+            Migrate,
+        }
+        let after = Cli::try_parse_from(["billing-worker", "run", "--http-addr", "0.0.0.0:1"])
+            .expect("a flag after the subcommand");
+        assert_eq!(after.command, Command::Run);
+        assert_eq!(after.process.http_addr.as_deref(), Some("0.0.0.0:1"));
+        let before = Cli::try_parse_from(["billing-worker", "--concurrency", "4", "migrate"])
+            .expect("a flag before it");
+        assert_eq!(before.process.concurrency.as_deref(), Some("4"));
     }
 }

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use jobs_adapter_sqlite::SqliteStore;
 
 use super::{Opened, ProcessError, ProcessStore, refused};
-use crate::compose::{Config, DATABASE_URL, Store};
+use crate::compose::{ComposeError, Config, DATABASE_URL, Store};
 
 #[async_trait]
 impl ProcessStore for SqliteStore {
@@ -36,5 +36,14 @@ impl ProcessStore for SqliteStore {
             relay: None,
             own: None,
         })
+    }
+
+    async fn migrated(config: &Config) -> Result<SqliteStore, ProcessError> {
+        #[allow(irrefutable_let_patterns)]
+        let Store::Sqlite(store) = Store::connect(config).await? else {
+            return Err(refused(&DATABASE_URL, "names a store other than SQLite"));
+        };
+        store.migrate().await.map_err(ComposeError::Store)?;
+        Ok(store)
     }
 }

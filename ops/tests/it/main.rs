@@ -8,6 +8,7 @@ mod crash;
 mod grouped;
 mod listen;
 mod model;
+mod module;
 mod oversized;
 mod pg;
 mod postgres;

@@ -16,7 +16,7 @@ use crate::process::{Reaped, eventually, terminate, terminate_waited};
 use crate::temp::TempDb;
 
 /// The example's binary, built beside this test's (`cargo test` builds examples).
-fn example(name: &str) -> PathBuf {
+pub(crate) fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test's path");
     let debug = exe
         .parent()
