@@ -134,6 +134,12 @@ pub(crate) enum Command {
     DeadLetters(DeadLetterCommand),
     /// Depth per queue (ready, delayed, in flight) from the configured transport.
     ///
+    /// In flight counts every leased job: those whose handler runs, and those a worker has
+    /// fetched ahead and not started. Per job a worker leases at most its concurrency; grouped,
+    /// its running groups (each up to 64 jobs) and up to two groups more, so a grouped worker at
+    /// concurrency 8 can show several hundred in flight while at most 8 groups run. The
+    /// transports do not tell the two apart.
+    ///
     /// The queues are the --queue flags, else JOBS_QUEUES / `queues` in jobs.toml, else the
     /// queues the transport holds messages in (the PostgreSQL queue lists them), else the
     /// queues of the standard periodic tasks.
