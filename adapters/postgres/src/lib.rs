@@ -60,6 +60,7 @@ mod partitions;
 mod queue;
 #[cfg(feature = "queue")]
 mod rows;
+mod snapshots;
 mod tenants;
 #[cfg(feature = "test-util")]
 pub mod test_util;
@@ -73,6 +74,7 @@ pub use partitions::{
 };
 #[cfg(feature = "queue")]
 pub use queue::{LEASE_STATEMENT, NewJob, PgQueue, Wake, Wakeups};
+pub use snapshots::{SnapshotHolder, oldest_snapshot};
 /// The sqlx this crate is built with, sqlx 0.9: handlers write through [`PgWorkTx::conn`]
 /// with it, so they need the same version (this re-export, or `sqlx = "0.9"` of their own).
 pub use sqlx;

@@ -3,11 +3,14 @@
 //! names another transport, which the process warns of at start; the cron scheduler reads `core.tenants` and the
 //! outbox relay forwards `core.outbox`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
-use jobs_adapter_postgres::{OutboxRelay, PgQueue, PgStore, PgTenantDirectory};
+use jobs_adapter_postgres::{
+    OutboxRelay, PgQueue, PgStore, PgTenantDirectory, SnapshotHolder, oldest_snapshot,
+};
 use jobs_consumers::Worker;
 use jobs_core::DecodeLimits;
 
@@ -31,8 +34,9 @@ impl ProcessStore for PgStore {
             .await
             .map_err(ComposeError::Store)?;
         let pool = store.pool().clone();
+        let warned = Arc::new(Mutex::new(None));
         let ping = Box::new(move || {
-            let pool = pool.clone();
+            let (pool, warned) = (pool.clone(), warned.clone());
             Box::pin(async move {
                 let migrated: Option<bool> = jobs_adapter_postgres::sqlx::query_scalar(
                     "select to_regclass('core.processed_jobs') is not null",
@@ -40,10 +44,27 @@ impl ProcessStore for PgStore {
                 .fetch_one(&pool)
                 .await
                 .map_err(|e| format!("the store does not answer: {e}"))?;
-                match migrated {
-                    Some(true) => Ok(()),
-                    _ => Err("the store has no core schema: run `jobsctl migrate`".to_owned()),
+                if migrated != Some(true) {
+                    return Err("the store has no core schema: run `jobsctl migrate`".to_owned());
                 }
+                // Readiness does not depend on it: an old snapshot slows the queue, it does
+                // not stop it.
+                if let Ok(holder) = oldest_snapshot(&pool).await {
+                    let mut warned = warned.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some(holder) = snapshot_to_warn_of(holder, &mut warned) {
+                        tracing::warn!(
+                            pid = holder.pid,
+                            application = %holder.application,
+                            user = %holder.user,
+                            state = %holder.state,
+                            held_for = ?holder.held_for,
+                            "a transaction has held a snapshot for a long time: until it ends, \
+                             the rows jobs leave behind cannot be cleaned and the PostgreSQL \
+                             queue's fetches slow down (end it with pg_terminate_backend(pid))"
+                        );
+                    }
+                }
+                Ok(())
             }) as BoxFuture<'static, Result<(), String>>
         });
         let queue_url = config.require(&QUEUE_URL)?;
@@ -82,6 +103,25 @@ impl ProcessStore for PgStore {
     }
 }
 
+/// How long a snapshot may be held before the worker process names its holder: longer than a
+/// report or a `pg_dump` of a small database takes, short enough that the queue has not yet
+/// slowed much (issue 38 measured the drain halved within a minute of a held snapshot).
+const SNAPSHOT_WARN_AFTER: Duration = Duration::from_secs(300);
+
+/// The holder to warn of: one whose snapshot is older than [`SNAPSHOT_WARN_AFTER`] and who
+/// was not warned of already (`warned`, the last pid named), so a long report is named once.
+fn snapshot_to_warn_of(
+    holder: Option<SnapshotHolder>,
+    warned: &mut Option<i32>,
+) -> Option<SnapshotHolder> {
+    let holder = holder.filter(|h| h.held_for >= SNAPSHOT_WARN_AFTER)?;
+    if *warned == Some(holder.pid) {
+        return None;
+    }
+    *warned = Some(holder.pid);
+    Some(holder)
+}
+
 /// The PostgreSQL queue in `store`'s database, on its pool, its workers grouped; envelopes
 /// held to `limits`.
 async fn grouped(
@@ -111,4 +151,41 @@ async fn grouped(
         ready: None,
         push: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(pid: i32, minutes: u64) -> Option<SnapshotHolder> {
+        Some(SnapshotHolder {
+            pid,
+            application: "nightly-report".to_owned(),
+            user: "reports".to_owned(),
+            state: "idle in transaction".to_owned(),
+            held_for: Duration::from_secs(minutes * 60),
+        })
+    }
+
+    #[test]
+    fn a_long_held_snapshot_is_named_once_per_holder() {
+        let mut warned = None;
+        assert_eq!(
+            snapshot_to_warn_of(holder(7, 4), &mut warned),
+            None,
+            "not yet"
+        );
+        assert_eq!(snapshot_to_warn_of(None, &mut warned), None);
+        let named = snapshot_to_warn_of(holder(7, 5), &mut warned).expect("named");
+        assert_eq!(named.pid, 7);
+        assert_eq!(snapshot_to_warn_of(holder(7, 9), &mut warned), None, "once");
+        assert!(
+            snapshot_to_warn_of(holder(8, 6), &mut warned).is_some(),
+            "another holder"
+        );
+        assert!(
+            snapshot_to_warn_of(holder(7, 12), &mut warned).is_some(),
+            "7 again, after 8"
+        );
+    }
 }

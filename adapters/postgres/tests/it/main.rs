@@ -18,6 +18,7 @@ mod oversized;
 mod partitions;
 #[cfg(feature = "queue")]
 mod queue;
+mod snapshots;
 mod store;
 mod tenants;
 #[cfg(feature = "test-util")]
