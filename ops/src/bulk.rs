@@ -296,7 +296,7 @@ mod tests {
     use std::sync::Arc;
 
     use jobs_adapter_memory::{MemoryQueue, MemoryStore};
-    use jobs_core::{DeadLetterStore, NewDeadLetter, QueueName};
+    use jobs_core::DeadLetterStore;
 
     use super::*;
 
@@ -321,22 +321,13 @@ mod tests {
     /// A store with `n` pending letters of poison (no envelope) and their resolver.
     async fn letters(n: usize) -> (MemoryStore, Resolver, Vec<DeadLetterId>) {
         let store = MemoryStore::default();
-        let queue: QueueName = "billing.invoices".parse().expect("a queue");
         for i in 0..n {
-            let letter = NewDeadLetter {
-                job_id: None,
-                queue: queue.clone(),
-                consumer: None,
-                tenant_id: None,
-                kind: None,
-                correlation_id: None,
-                payload: format!("not json {i}").into_bytes(),
-                attempts: 1,
-                last_error: "not an envelope".to_owned(),
-                reason: None,
-                dedup_key: None,
-                at: SystemTime::now(),
-            };
+            let payload = format!("not json {i}");
+            let letter = jobs_testkit::fixtures::raw_letter(
+                "billing.invoices",
+                payload.as_bytes(),
+                "not an envelope",
+            );
             store.record(letter).await.expect("recorded");
         }
         let ops = DeadLetters::new(Arc::new(store.clone()), Arc::new(MemoryQueue::default()));

@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
 use jobs_adapter_sqlite::SqliteStore;
-use jobs_core::{DeadLetterStore, NewDeadLetter, QueueName};
+use jobs_core::DeadLetterStore;
 
 pub(crate) fn jobsctl(args: &[&str]) -> Output {
     jobsctl_with(args, &[])
@@ -44,26 +44,17 @@ async fn migrate_then_review_and_discard_dead_letters_on_sqlite() {
     );
 
     let store = Arc::new(SqliteStore::open(&db.0).await.expect("open"));
-    let queue: QueueName = "billing.invoices".parse().expect("valid");
     for (n, payload) in [&b"\xff\x00not json"[..], b"{\"kind\":\"x\"}"]
         .iter()
         .enumerate()
     {
+        let letter = format!("poison number {n}");
         store
-            .record(NewDeadLetter {
-                job_id: None,
-                queue: queue.clone(),
-                consumer: None,
-                tenant_id: None,
-                kind: None,
-                correlation_id: None,
-                payload: payload.to_vec(),
-                attempts: 1,
-                last_error: format!("poison number {n}"),
-                reason: None,
-                dedup_key: None,
-                at: std::time::SystemTime::now(),
-            })
+            .record(jobs_testkit::fixtures::raw_letter(
+                "billing.invoices",
+                payload,
+                &letter,
+            ))
             .await
             .expect("record");
     }

@@ -36,7 +36,8 @@ pub struct ProcessFlags {
     /// Log lines: human or json [env: JOBS_LOG_FORMAT] [default: human].
     #[arg(long, global = true, value_name = "FORMAT")]
     pub log_format: Option<String>,
-    /// Jobs each queue's worker runs at once [env: JOBS_CONCURRENCY] [default: 8].
+    /// Jobs (grouped: groups of jobs) each queue's worker runs at once [env: JOBS_CONCURRENCY]
+    /// [default: 8].
     #[arg(long, global = true, value_name = "N")]
     pub concurrency: Option<String>,
     /// How long in-flight jobs may finish after a stop signal, e.g. 30s or 1m30s

@@ -67,20 +67,7 @@ async fn without_sign_in_a_rebound_page_gets_neither_a_page_nor_a_discard() {
     let store = MemoryStore::default();
     let queue = MemoryQueue::default();
     let id = store
-        .record(NewDeadLetter {
-            job_id: None,
-            queue: queue_name(),
-            consumer: None,
-            tenant_id: None,
-            kind: None,
-            correlation_id: None,
-            payload: b"{}".to_vec(),
-            attempts: 1,
-            last_error: "x".to_owned(),
-            reason: None,
-            dedup_key: None,
-            at: SystemTime::now(),
-        })
+        .record(fixtures::raw_letter(queue_name().as_str(), b"{}", "x"))
         .await
         .expect("recorded")
         .id();

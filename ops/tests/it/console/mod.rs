@@ -93,18 +93,12 @@ async fn serve_with(queue: MemoryQueue, publisher: Arc<dyn QueuePort>) -> Served
     ids.push(
         store
             .record(NewDeadLetter {
-                job_id: None,
-                queue: queue_name(),
-                consumer: None,
-                tenant_id: None,
-                kind: None,
-                correlation_id: None,
-                payload: vec![0x00, 0xff, b'<'],
-                attempts: 1,
-                last_error: "not an envelope".to_owned(),
                 reason: Some(DeadLetterReason::Poison),
-                dedup_key: None,
-                at: SystemTime::now(),
+                ..fixtures::raw_letter(
+                    queue_name().as_str(),
+                    &[0x00, 0xff, b'<'],
+                    "not an envelope",
+                )
             })
             .await
             .expect("recorded")
@@ -596,20 +590,11 @@ async fn a_rejected_request_gets_the_consoles_page_and_hidden_characters_show() 
 
     let id = s
         .store
-        .record(NewDeadLetter {
-            job_id: None,
-            queue: queue_name(),
-            consumer: None,
-            tenant_id: None,
-            kind: None,
-            correlation_id: None,
-            payload: b"{}".to_vec(),
-            attempts: 1,
-            last_error: "refund \u{202E}001 ot\u{202C} sent\u{0007}".to_owned(),
-            reason: None,
-            dedup_key: None,
-            at: SystemTime::now(),
-        })
+        .record(fixtures::raw_letter(
+            queue_name().as_str(),
+            b"{}",
+            "refund \u{202E}001 ot\u{202C} sent\u{0007}",
+        ))
         .await
         .expect("recorded")
         .id();
