@@ -105,14 +105,12 @@ async fn raw_sql(pool: &PgPool, concurrency: usize, jobs: u64) -> Result<f64> {
                 while next.fetch_add(1, Ordering::Relaxed) < jobs {
                     let id = JobId::generate().as_uuid();
                     let mut tx = pool.begin().await?;
-                    sqlx::query(
-                        "insert into core.processed_jobs (job_id, consumer, processed_at) \
-                         values ($1, $2, now()) on conflict do nothing",
-                    )
-                    .bind(id)
-                    .bind("bench.consumer")
-                    .execute(&mut *tx)
-                    .await?;
+                    sqlx::query(sqlx::AssertSqlSafe(support::raw_claims(&[id])))
+                        .bind([id])
+                        .bind("bench.consumer")
+                        .bind(sqlx::types::chrono::Utc::now())
+                        .execute(&mut *tx)
+                        .await?;
                     sqlx::query("insert into work (job_id, n) values ($1, 1)")
                         .bind(id)
                         .execute(&mut *tx)

@@ -3,6 +3,7 @@
 //! Run through `cargo xtask bench <name>` (a release build). Each benchmark prints its figures,
 //! the baseline's and the ratio; nothing here asserts a timing.
 
+mod cleanup;
 mod consume;
 mod fairness;
 mod pgqueue;
@@ -22,9 +23,10 @@ fn main() -> ExitCode {
         Some("pg-queue") => pgqueue::run(args.get(1).map(String::as_str)),
         Some("fairness") => fairness::run(),
         Some("soak") => soak::run(),
+        Some("cleanup") => cleanup::run(),
         _ => {
             eprintln!(
-                "usage: jobs-bench consume|ratelimit|vercel|pg-queue [jobs]|fairness|soak
+                "usage: jobs-bench consume|ratelimit|vercel|pg-queue [jobs]|fairness|soak|cleanup
 
 environment: \
                  DATABASE_URL, JOBS_BENCH_JOBS (default 10000) for consume; REDIS_URL, \
@@ -36,6 +38,7 @@ environment: \
                  DATABASE_URL, JOBS_BENCH_FAIR_BACKLOGS (default 10000,100000) for fairness; \
                  JOBS_BENCH_SOAK_SECONDS (default 180) and JOBS_BENCH_SOAK_URL (default a \
                  private cluster) for soak; \
+                 DATABASE_URL, JOBS_BENCH_CLEANUP_CLAIMS (default 10000000) for cleanup; \
                  JOBS_BENCH_RUNTIME=current_thread for any on tokio's current-thread runtime"
             );
             return ExitCode::from(2);

@@ -209,3 +209,27 @@ fn ticks(path: impl AsRef<std::path::Path>) -> Option<u64> {
         .map(|f| f.parse::<u64>().ok())
         .sum()
 }
+
+/// The insert of raw claims of `ids` (`$1` the ids, `$2` the consumer, `$3` the time) as the
+/// PostgreSQL store writes them (ADR 0014): into the one slice of `core.processed_jobs` the
+/// ids share (the day of their first 48 bits, modulo 64), through the parent when they span
+/// several. Restated here, not imported, so that the baseline does the adapter's work by hand.
+pub(crate) fn raw_claims(ids: &[sqlx::types::Uuid]) -> String {
+    let slot = |id: &sqlx::types::Uuid| {
+        let ms = id.as_bytes()[..6]
+            .iter()
+            .fold(0u64, |ms, &b| ms << 8 | u64::from(b));
+        ms / 86_400_000 % 64
+    };
+    let first = ids.first().map(slot);
+    match first.filter(|s| ids.iter().all(|id| slot(id) == *s)) {
+        Some(s) => format!(
+            "insert into core.processed_jobs_{s:03} (job_id, consumer, processed_at, slot) \
+             select u.id, $2, $3, {s} from unnest($1::uuid[]) as u(id) on conflict do nothing"
+        ),
+        None => "insert into core.processed_jobs (job_id, consumer, processed_at, slot) \
+             select u.id, $2, $3, core.processed_slot(u.id) from unnest($1::uuid[]) as u(id) \
+             on conflict do nothing"
+            .to_owned(),
+    }
+}

@@ -1,7 +1,7 @@
 //! TTL cleanup of `core.processed_jobs`, as a job kind so that cron can schedule it.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jobs_core::{
@@ -59,6 +59,9 @@ pub struct CleanupRequest {
 
 /// Deletes `processed_jobs` rows older than a TTL, in bounded batches so no statement holds
 /// locks for long.
+///
+/// A store that keeps its claims in slices (PostgreSQL) first empties every expired slice at
+/// once ([`ProcessedJobs::purge_expired_slices`]); the rest goes in batches.
 ///
 /// As a job's handler it purges in the job's own work transaction (a store with one writer
 /// at a time, such as SQLite, could not purge beside it), one batch per job when it is given
@@ -135,7 +138,8 @@ impl ProcessedCleanup {
         self
     }
 
-    /// Deletes every row older than `ttl` (the configured one if `None`); returns how many. A
+    /// Deletes every row older than `ttl` (the configured one if `None`) but those a store
+    /// with slices leaves for the next run ([`ProcessedJobs::slice_span`]); returns how many. A
     /// TTL below [`MIN_JOB_TTL`] is refused unless the cleanup was told
     /// ([`ProcessedCleanup::below_floor`]); one reaching back before the clock's epoch deletes
     /// nothing.
@@ -144,15 +148,24 @@ impl ProcessedCleanup {
         let Some(cutoff) = self.clock.now().checked_sub(ttl) else {
             return Ok(0);
         };
-        let mut total = 0;
-        loop {
-            let deleted = self.store.purge_processed(cutoff, self.batch).await?;
-            total += deleted;
-            if deleted < u64::from(self.batch) {
-                purged(total, "purged processed_jobs rows past their TTL");
-                return Ok(total);
+        let mut total = self.store.purge_expired_slices(cutoff).await?;
+        if let Some(before) = self.batches_before(cutoff) {
+            loop {
+                let deleted = self.store.purge_processed(before, self.batch).await?;
+                total += deleted;
+                if deleted < u64::from(self.batch) {
+                    break;
+                }
             }
         }
+        purged(total, "purged processed_jobs rows past their TTL");
+        Ok(total)
+    }
+
+    /// Where the batches stop: the cutoff, less the store's slice span, so that a claim about
+    /// to go with its slice is not deleted row by row first (ADR 0014). `None` before the epoch.
+    fn batches_before(&self, cutoff: SystemTime) -> Option<SystemTime> {
+        cutoff.checked_sub(self.store.slice_span())
     }
 
     /// `ttl`, unless it is below this cleanup's floor.
@@ -186,10 +199,20 @@ impl<Tx: WorkTransaction> Handler<Tx> for ProcessedCleanup {
         let Some(cutoff) = self.clock.now().checked_sub(ttl) else {
             return Ok(());
         };
-        let mut deleted = 0;
+        // Whole expired slices first, through the store: never waits on this transaction, and
+        // removes only claims past the TTL, as the batches below do.
+        let mut deleted = self
+            .store
+            .purge_expired_slices(cutoff)
+            .await
+            .map_err(|e| JobError::classed(e.class(), e))?;
+        let Some(before) = self.batches_before(cutoff) else {
+            purged(deleted, "purged processed_jobs rows past their TTL");
+            return Ok(());
+        };
         loop {
             let batch = tx
-                .purge_processed(cutoff, self.batch)
+                .purge_processed(before, self.batch)
                 .await
                 .map_err(|e| JobError::classed(e.class(), e))?;
             deleted += batch;

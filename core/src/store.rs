@@ -185,6 +185,27 @@ pub trait ProcessedJobs: Send + Sync {
     /// refuses a republished or redelivered copy ([`Claim::DeadLettered`]) until an operator
     /// replays or discards the letter.
     async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError>;
+
+    /// Empties at once every slice of the table whose claims are all older than `older_than`
+    /// but a few (kept, with those of pending dead letters), for a store that keeps its claims
+    /// in slices (PostgreSQL, ADR 0014): a cost that does not grow with the table. Returns how
+    /// many rows went; what it leaves goes through [`ProcessedJobs::purge_processed`]. Safe
+    /// beside an open work transaction of the same store: it waits for a slice's lock only
+    /// briefly and leaves a slice in use for a later run. The default, for a store without
+    /// slices, removes nothing.
+    async fn purge_expired_slices(&self, older_than: SystemTime) -> Result<u64, StoreError> {
+        let _ = older_than;
+        Ok(0)
+    }
+
+    /// How long after the TTL an expired claim may wait for its slice to be emptied whole
+    /// rather than deleted row by row: a slice's span (a day on PostgreSQL, ADR 0014), zero for
+    /// a store without slices. The cleanup's batches leave the claims that recent to the next
+    /// run's [`ProcessedJobs::purge_expired_slices`]; a claim is only ever kept longer, never
+    /// removed sooner.
+    fn slice_span(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// The review state of a dead letter. It only ever leaves `PendingReview`.

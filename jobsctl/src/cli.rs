@@ -357,7 +357,10 @@ pub(crate) enum DeadLetterCommand {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum CleanupCommand {
-    /// Delete processed_jobs rows older than a duration, in bounded batches.
+    /// Delete processed_jobs rows older than a duration.
+    ///
+    /// On PostgreSQL whole expired days go at once (the claims of the last expired day may
+    /// wait for the next cleanup), elsewhere rows go in bounded batches.
     ///
     /// Keep rows well past the longest a message can live in your transport: a redelivery
     /// that finds no row runs again. Below 8 days (the longest a transport redelivers, plus

@@ -34,7 +34,8 @@ Commands:
           pg-queue (JOBS_BENCH_PG_QUEUE_JOBS=10000 for a quick run, JOBS_BENCH_ROUNDS=1 for
           one round per row instead of the best of three), fairness
           (JOBS_BENCH_FAIR_BACKLOGS=10000 for a quick run), soak (a private PostgreSQL
-          cluster with autovacuum on; JOBS_BENCH_SOAK_SECONDS, default 180)
+          cluster with autovacuum on; JOBS_BENCH_SOAK_SECONDS, default 180), cleanup (the
+          processed_jobs TTL cleanup; JOBS_BENCH_CLEANUP_CLAIMS=1000000 for a quick run)
   mutants [--in-diff [BASE]]
           mutation testing of the runtime and the semantics crates (pinned cargo-mutants,
           installed when missing): every mutant, or with --in-diff those of lines changed since
@@ -106,6 +107,7 @@ const BENCHES: &[(&str, Cmd)] = &[
     bench!("pg-queue"),
     bench!("fairness"),
     bench!("soak"),
+    bench!("cleanup"),
 ];
 
 fn main() -> ExitCode {

@@ -184,6 +184,28 @@ const GROUPS: &[Group] = &[
         min_timeout_secs: 120,
         nextest: false,
     },
+    // The sliced claims table (ADR 0014): the slot, the statement per slice, the cleanup that
+    // empties expired slices, against their unit tests and the processed and store suites.
+    Group {
+        name: "postgres-processed",
+        package: "jobs-adapter-postgres",
+        files: &["adapters/postgres/src/processed.rs"],
+        only: None,
+        test_packages: &[],
+        features: &[],
+        test_args: &[
+            "--lib",
+            "--test",
+            "it",
+            "--",
+            "processed::",
+            "store::",
+            PG_TEST_THREADS,
+        ],
+        missed_by: None,
+        min_timeout_secs: 120,
+        nextest: false,
+    },
     // The fair fetch's marks per lane (ADR 0015): its rules against its unit tests, the mark
     // suite and the queue suites (the fair contract and the fairness contract among them).
     Group {

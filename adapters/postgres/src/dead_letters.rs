@@ -310,6 +310,7 @@ impl DeadLetterStore for PgStore {
                  delete from core.processed_jobs p using moved \
                  where $1 = 'replayed' and p.job_id = moved.job_id \
                    and p.consumer = moved.consumer \
+                   and p.slot = core.processed_slot(moved.job_id) \
              ), logged as ( \
                  insert into core.dead_letter_events (letter_id, at, from_status, to_status, \"by\") \
                  select moved.id, $2, 'pending_review', $1, $5 from moved \

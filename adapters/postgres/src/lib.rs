@@ -56,6 +56,7 @@ mod outbox;
 #[cfg(feature = "queue")]
 mod oversized;
 mod partitions;
+mod processed;
 #[cfg(feature = "queue")]
 mod queue;
 #[cfg(feature = "queue")]
@@ -247,14 +248,15 @@ impl PgStore {
     }
 }
 
-/// One bounded batch of the TTL cleanup: `$1` the cutoff, `$2` the batch. A claim whose job
-/// waits in the dead letters is kept, however old: without it a republished or redelivered copy
-/// would claim again and run behind the operator's back (replaying the letter releases it).
-pub(crate) const PURGE_PROCESSED: &str = "delete from core.processed_jobs where ctid = any(array( \
-    select p.ctid from core.processed_jobs p where p.processed_at < $1 \
-    and not exists (select 1 from core.dead_letters d where d.job_id = p.job_id \
-        and d.consumer = p.consumer and d.status = 'pending_review') \
-    limit $2))";
+/// [`ProcessedJobs::is_processed`]'s read of the job's slice: `$1` the job id, `$2` the
+/// consumer.
+static IS_PROCESSED: processed::PerSlice = processed::PerSlice::new(|table, slot| {
+    format!(
+        "select exists (select 1 from {table} \
+         where job_id = $1 and consumer = $2 and slot = {})",
+        slot("$1")
+    )
+});
 
 #[async_trait]
 impl ProcessedJobs for PgStore {
@@ -263,25 +265,31 @@ impl ProcessedJobs for PgStore {
         job_id: JobId,
         consumer: &ConsumerName,
     ) -> Result<bool, StoreError> {
-        sqlx::query_scalar(
-            "select exists (select 1 from core.processed_jobs where job_id = $1 and consumer = $2)",
-        )
-        .bind(job_id.as_uuid())
-        .bind(consumer.as_str())
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| store_error("read core.processed_jobs", e))
+        sqlx::query_scalar(IS_PROCESSED.get(Some(processed::slot(job_id.as_uuid()))))
+            .bind(job_id.as_uuid())
+            .bind(consumer.as_str())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| store_error("read core.processed_jobs", e))
     }
 
-    /// One bounded `DELETE` by physical row id (`ctid`), so no call holds locks on more than
-    /// `batch` rows.
+    /// Bounded `DELETE`s slice by slice, so no call holds locks on more than `batch` rows.
     async fn purge_processed(&self, older_than: SystemTime, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(PURGE_PROCESSED)
-            .bind(convert::to_timestamp(older_than)?)
-            .bind(i64::from(batch))
-            .execute(&self.pool)
+        let mut conn = self
+            .pool
+            .acquire()
             .await
             .map_err(|e| store_error("purge core.processed_jobs", e))?;
-        Ok(done.rows_affected())
+        processed::purge_batch(&mut conn, older_than, batch).await
+    }
+
+    /// Truncates each slice whose claims expired, putting back the ones it keeps (ADR 0014).
+    async fn purge_expired_slices(&self, older_than: SystemTime) -> Result<u64, StoreError> {
+        processed::purge_expired_slices(&self.pool, older_than).await
+    }
+
+    /// A day: the claims of the day the cutoff falls in go with their slice the next day.
+    fn slice_span(&self) -> Duration {
+        processed::SLICE_SPAN
     }
 }

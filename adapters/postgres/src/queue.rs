@@ -27,6 +27,7 @@ use crate::error::store_error;
 use crate::fair::{self, Fetch, Lanes};
 use crate::mark::Marks;
 use crate::oversized;
+use crate::processed::{PerSlice, common_slot};
 use crate::rows::{Batch, Fetched, Leased, parse_token, queue_error, timestamp};
 use crate::tx::Taken;
 use crate::{PgStore, PgWorkTx};
@@ -724,7 +725,7 @@ impl SettleInTransaction<PgStore> for PgQueue {
         let (ids, generations) = tokens(deliveries.iter().map(|(lease, _)| *lease));
         let job_ids: Vec<Uuid> = deliveries.iter().map(|(_, id)| id.as_uuid()).collect();
         let (taken, claimed): (TakenRows, Vec<Uuid>) = {
-            let row = sqlx::query(HOLD_AND_CLAIM.as_str())
+            let row = sqlx::query(HOLD_AND_CLAIM.get(common_slot(&job_ids)))
                 .bind(&ids)
                 .bind(&generations)
                 .bind(&job_ids)
@@ -874,18 +875,19 @@ static HOLD: LazyLock<String> =
     LazyLock::new(|| format!("with taken as ({TAKE}) select {TAKEN_ARRAYS} from taken"));
 
 /// [`SettleInTransaction::hold_and_claim`]'s statement: `$3` the job ids, `$4` the consumer,
-/// `$5` the time of the claims.
-static HOLD_AND_CLAIM: LazyLock<String> = LazyLock::new(|| {
+/// `$5` the time of the claims, which go into the jobs' slice when they share one (ADR 0014).
+static HOLD_AND_CLAIM: PerSlice = PerSlice::new(|table, slot| {
     format!(
         "with taken as ({TAKE}), \
          claimed as ( \
-             insert into core.processed_jobs (job_id, consumer, processed_at) \
-             select distinct d.job_id, $4, $5 \
+             insert into {table} (job_id, consumer, processed_at, slot) \
+             select distinct d.job_id, $4, $5, {} \
              from unnest($1::bigint[], $3::uuid[]) as d(id, job_id) join taken using (id) \
              order by d.job_id \
-             on conflict (job_id, consumer) do nothing returning job_id) \
+             on conflict (job_id, consumer, slot) do nothing returning job_id) \
          select t.*, c.claimed from (select {TAKEN_ARRAYS} from taken) as t, \
-             (select coalesce(array_agg(job_id), '{{}}') as claimed from claimed) as c"
+             (select coalesce(array_agg(job_id), '{{}}') as claimed from claimed) as c",
+        slot("d.job_id")
     )
 });
 

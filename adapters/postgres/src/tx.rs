@@ -15,6 +15,48 @@ use sqlx::{Executor, PgConnection, Postgres, Transaction};
 
 use crate::convert::to_timestamp;
 use crate::error::store_error;
+use crate::processed::{PerSlice, common_slot, slot};
+
+/// [`WorkTransaction::claim`]'s insert, into the job's slice (ADR 0014): `$1` the job id, `$2`
+/// the consumer, `$3` the time.
+static CLAIM: PerSlice = PerSlice::new(|table, slot| {
+    format!(
+        "insert into {table} (job_id, consumer, processed_at, slot) values ($1, $2, $3, {}) \
+         on conflict (job_id, consumer, slot) do nothing",
+        slot("$1")
+    )
+});
+
+/// [`GroupTransaction::claim_all`]'s insert: `$1` the sorted job ids, `$2` the consumer, `$3`
+/// the time; returns the ids it claimed.
+static CLAIM_ALL: PerSlice = PerSlice::new(|table, slot| {
+    format!(
+        "with claimed as ( \
+             insert into {table} (job_id, consumer, processed_at, slot) \
+             select u.id, $2, $3, {} from unnest($1::uuid[]) as u(id) \
+             on conflict (job_id, consumer, slot) do nothing \
+             returning job_id) \
+         select coalesce(array_agg(job_id), '{{}}') from claimed",
+        slot("u.id")
+    )
+});
+
+/// [`GroupTransaction::unclaim`]'s delete: `$1` the job id, `$2` the consumer.
+static UNCLAIM: PerSlice = PerSlice::new(|table, slot| {
+    format!(
+        "delete from {table} where job_id = $1 and consumer = $2 and slot = {}",
+        slot("$1")
+    )
+});
+
+/// [`GroupTransaction::unclaim_all`]'s delete: `$1` the job ids, `$2` the consumer.
+static UNCLAIM_ALL: PerSlice = PerSlice::new(|table, slot| {
+    format!(
+        "delete from {table} where job_id = any($1) and consumer = $2 \
+         and slot in (select {} from unnest($1::uuid[]) as u(id))",
+        slot("u.id")
+    )
+});
 
 /// A work transaction on PostgreSQL: the claim in `core.processed_jobs` and the handler's own
 /// writes, made through [`PgWorkTx::conn`], commit or roll back together.
@@ -184,16 +226,13 @@ impl WorkTransaction for PgWorkTx {
         consumer: &ConsumerName,
         at: SystemTime,
     ) -> Result<Claim, StoreError> {
-        let done = sqlx::query(
-            "insert into core.processed_jobs (job_id, consumer, processed_at) values ($1, $2, $3) \
-             on conflict (job_id, consumer) do nothing",
-        )
-        .bind(job_id.as_uuid())
-        .bind(consumer.as_str())
-        .bind(to_timestamp(at)?)
-        .execute(self.own())
-        .await
-        .map_err(|e| store_error("claim in core.processed_jobs", e))?;
+        let done = sqlx::query(CLAIM.get(Some(slot(job_id.as_uuid()))))
+            .bind(job_id.as_uuid())
+            .bind(consumer.as_str())
+            .bind(to_timestamp(at)?)
+            .execute(self.own())
+            .await
+            .map_err(|e| store_error("claim in core.processed_jobs", e))?;
         if done.rows_affected() == 1 {
             return Ok(Claim::Claimed);
         }
@@ -223,13 +262,7 @@ impl WorkTransaction for PgWorkTx {
         older_than: SystemTime,
         batch: u32,
     ) -> Result<u64, StoreError> {
-        let done = sqlx::query(crate::PURGE_PROCESSED)
-            .bind(to_timestamp(older_than)?)
-            .bind(i64::from(batch))
-            .execute(self.own())
-            .await
-            .map_err(|e| store_error("purge core.processed_jobs", e))?;
-        Ok(done.rows_affected())
+        crate::processed::purge_batch(self.own(), older_than, batch).await
     }
 
     /// Refused, and rolled back, while a message taken from the queue in this transaction is
@@ -270,19 +303,13 @@ impl GroupTransaction for PgWorkTx {
         let mut sorted: Vec<Uuid> = job_ids.iter().map(|id| id.as_uuid()).collect();
         sorted.sort_unstable();
         sorted.dedup();
-        let claimed: Vec<Uuid> = sqlx::query_scalar(
-            "with claimed as ( \
-                 insert into core.processed_jobs (job_id, consumer, processed_at) \
-                 select unnest($1::uuid[]), $2, $3 on conflict (job_id, consumer) do nothing \
-                 returning job_id) \
-             select coalesce(array_agg(job_id), '{}') from claimed",
-        )
-        .bind(&sorted)
-        .bind(consumer.as_str())
-        .bind(to_timestamp(at)?)
-        .fetch_one(self.own())
-        .await
-        .map_err(|e| store_error("claim a group in core.processed_jobs", e))?;
+        let claimed: Vec<Uuid> = sqlx::query_scalar(CLAIM_ALL.get(common_slot(&sorted)))
+            .bind(&sorted)
+            .bind(consumer.as_str())
+            .bind(to_timestamp(at)?)
+            .fetch_one(self.own())
+            .await
+            .map_err(|e| store_error("claim a group in core.processed_jobs", e))?;
         self.claims(job_ids, claimed.into_iter().collect(), consumer)
             .await
     }
@@ -324,7 +351,7 @@ impl GroupTransaction for PgWorkTx {
     }
 
     async fn unclaim(&mut self, job_id: JobId, consumer: &ConsumerName) -> Result<(), StoreError> {
-        sqlx::query("delete from core.processed_jobs where job_id = $1 and consumer = $2")
+        sqlx::query(UNCLAIM.get(Some(slot(job_id.as_uuid()))))
             .bind(job_id.as_uuid())
             .bind(consumer.as_str())
             .execute(self.own())
@@ -339,7 +366,7 @@ impl GroupTransaction for PgWorkTx {
         consumer: &ConsumerName,
     ) -> Result<(), StoreError> {
         let ids: Vec<Uuid> = job_ids.iter().map(|id| id.as_uuid()).collect();
-        sqlx::query("delete from core.processed_jobs where job_id = any($1) and consumer = $2")
+        sqlx::query(UNCLAIM_ALL.get(common_slot(&ids)))
             .bind(&ids)
             .bind(consumer.as_str())
             .execute(self.own())

@@ -16,6 +16,7 @@ mod outbox;
 #[cfg(feature = "queue")]
 mod oversized;
 mod partitions;
+mod processed;
 #[cfg(feature = "queue")]
 mod queue;
 mod snapshots;
