@@ -52,17 +52,19 @@ pub(crate) fn common_slot(job_ids: &[Uuid]) -> Option<i16> {
         .then_some(slot)
 }
 
+/// Writes a statement for a table (`core.processed_jobs_NNN`, or the parent), given the slot
+/// expression of a row from its id's column: the slice's number, or a call of
+/// `core.processed_slot` for the parent.
+pub(crate) type Template = fn(&str, &dyn Fn(&str) -> String) -> String;
+
 /// A statement written once for each slice and once for the parent, built on first use.
 pub(crate) struct PerSlice {
-    /// The statement for a table (`core.processed_jobs_NNN`, or the parent) and the slot
-    /// expression of its rows given their id's column (the slice's number, or a call of
-    /// `core.processed_slot` for the parent).
-    make: fn(&str, &dyn Fn(&str) -> String) -> String,
+    make: Template,
     built: OnceLock<Vec<String>>,
 }
 
 impl PerSlice {
-    pub(crate) const fn new(make: fn(&str, &dyn Fn(&str) -> String) -> String) -> Self {
+    pub(crate) const fn new(make: Template) -> Self {
         PerSlice {
             make,
             built: OnceLock::new(),
