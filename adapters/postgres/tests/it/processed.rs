@@ -331,3 +331,137 @@ async fn the_migration_moves_every_claim_into_its_slice() {
     })
     .await;
 }
+
+/// Writes `n` claims of ids minted at `minted` (numbered from `from`) as processed at `at`,
+/// in one statement.
+async fn claims_by_sql(
+    store: &PgStore,
+    c: &ConsumerName,
+    minted: SystemTime,
+    from: u128,
+    n: u128,
+    at: SystemTime,
+) -> Vec<JobId> {
+    let jobs: Vec<JobId> = (from..from + n).map(|k| id_at(minted, k)).collect();
+    let ids: Vec<Uuid> = jobs.iter().map(|id| id.as_uuid()).collect();
+    sqlx::query(
+        "insert into core.processed_jobs (job_id, consumer, processed_at, slot) \
+         select id, $2, $3, core.processed_slot(id) from unnest($1::uuid[]) as id",
+    )
+    .bind(&ids)
+    .bind(c.as_str())
+    .bind(sqlx::types::chrono::DateTime::<sqlx::types::chrono::Utc>::from(at))
+    .execute(store.pool())
+    .await
+    .expect("claims by SQL");
+    jobs
+}
+
+#[tokio::test]
+async fn a_slice_keeping_more_than_ten_thousand_claims_is_left_whole_to_the_batches() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        let c = consumer("kept");
+        let now = SystemTime::now();
+        // Two expired days, each with five expired claims and many claims of jobs published
+        // then and run only now (delayed), which the slice must keep: 10,000 on day A (put
+        // back), 10,001 on day B (more than a slice puts back: left as it is).
+        let (day_a, day_b) = (now - 100 * DAY, now - 90 * DAY);
+        let expired_a = claims_by_sql(&store, &c, day_a, 0, 5, day_a).await;
+        let kept_a = claims_by_sql(&store, &c, day_a, 5, 10_000, now).await;
+        let expired_b = claims_by_sql(&store, &c, day_b, 0, 5, day_b).await;
+        let kept_b = claims_by_sql(&store, &c, day_b, 5, 10_001, now).await;
+
+        let gone = store
+            .purge_expired_slices(now - TTL)
+            .await
+            .expect("empty the expired slices");
+        assert_eq!(gone, 5, "day A's expired claims; day B's slice left");
+        assert_eq!(
+            slice_of(&store, kept_a[0]).await.0,
+            10_000,
+            "day A keeps all"
+        );
+        assert_eq!(
+            slice_of(&store, kept_b[0]).await.0,
+            10_006,
+            "day B untouched: none of its kept claims lost"
+        );
+        for (id, claim) in [
+            (expired_a[0], Claim::Claimed),
+            (kept_a[9_999], Claim::AlreadyProcessed),
+            (expired_b[0], Claim::AlreadyProcessed),
+            (kept_b[10_000], Claim::AlreadyProcessed),
+        ] {
+            assert_eq!(redelivered(&store, id, &c).await, claim, "{id}");
+        }
+        assert_eq!(
+            store
+                .purge_processed(now - TTL, 1_000)
+                .await
+                .expect("purge"),
+            5,
+            "the batches take day B's expired claims"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_batch_across_slices_removes_at_most_its_size() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        let c = consumer("batched");
+        let now = SystemTime::now();
+        for day in [now - 100 * DAY, now - 90 * DAY] {
+            claims_by_sql(&store, &c, day, 0, 5, day).await;
+        }
+        let batch = |size| store.purge_processed(now - TTL, size);
+        assert_eq!(
+            batch(7).await.expect("purge"),
+            7,
+            "five from one slice, two from the next"
+        );
+        assert_eq!(batch(7).await.expect("purge"), 3, "the rest");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_slice_that_fails_to_empty_is_an_error_not_a_slice_in_use() {
+    with_databases(|dbs| async move {
+        let store = dbs.store().await;
+        let c = consumer("refused");
+        let now = SystemTime::now();
+        let day = now - 100 * DAY;
+        let ids = claims_by_sql(&store, &c, day, 0, 3, day).await;
+        let table: String = sqlx::query_scalar(
+            "select format('core.processed_jobs_%s', lpad(core.processed_slot($1)::text, 3, '0'))",
+        )
+        .bind(ids[0].as_uuid())
+        .fetch_one(store.pool())
+        .await
+        .expect("the slice's name");
+        sqlx::query(
+            "create function refuse() returns trigger language plpgsql as \
+             $$ begin raise exception 'truncate refused'; end $$",
+        )
+        .execute(store.pool())
+        .await
+        .expect("a function refusing");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "create trigger refuse before truncate on {table} \
+             for each statement execute function refuse()"
+        )))
+        .execute(store.pool())
+        .await
+        .expect("a trigger refusing the truncate");
+        let err = store
+            .purge_expired_slices(now - TTL)
+            .await
+            .expect_err("a failed truncate is reported");
+        assert!(err.to_string().contains("truncate refused"), "{err}");
+        assert_eq!(slice_of(&store, ids[0]).await.0, 3, "nothing lost");
+    })
+    .await;
+}
