@@ -57,15 +57,20 @@ async fn redelivered(store: &PgStore, job: JobId, consumer: &ConsumerName) -> Cl
     claim
 }
 
-/// The rows of the slice `job` belongs to, and the bytes of its table.
-async fn slice_of(store: &PgStore, job: JobId) -> (i64, i64) {
-    let table: String = sqlx::query_scalar(
+/// The name of the table of the slice `job` belongs to.
+async fn slice_table(store: &PgStore, job: JobId) -> String {
+    sqlx::query_scalar(
         "select format('core.processed_jobs_%s', lpad(core.processed_slot($1)::text, 3, '0'))",
     )
     .bind(job.as_uuid())
     .fetch_one(store.pool())
     .await
-    .expect("the slice's name");
+    .expect("the slice's name")
+}
+
+/// The rows of the slice `job` belongs to, and the bytes of its table.
+async fn slice_of(store: &PgStore, job: JobId) -> (i64, i64) {
+    let table = slice_table(store, job).await;
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "select (select count(*) from {table}), pg_relation_size('{table}')"
     )))
@@ -435,13 +440,7 @@ async fn a_slice_that_fails_to_empty_is_an_error_not_a_slice_in_use() {
         let now = SystemTime::now();
         let day = now - 100 * DAY;
         let ids = claims_by_sql(&store, &c, day, 0, 3, day).await;
-        let table: String = sqlx::query_scalar(
-            "select format('core.processed_jobs_%s', lpad(core.processed_slot($1)::text, 3, '0'))",
-        )
-        .bind(ids[0].as_uuid())
-        .fetch_one(store.pool())
-        .await
-        .expect("the slice's name");
+        let table = slice_table(&store, ids[0]).await;
         sqlx::query(
             "create function refuse() returns trigger language plpgsql as \
              $$ begin raise exception 'truncate refused'; end $$",
