@@ -73,11 +73,7 @@ async fn without_sign_in_a_rebound_page_gets_neither_a_page_nor_a_discard() {
         .id();
     let router =
         Console::without_sign_in(Arc::new(store.clone()), Arc::new(queue.clone())).router();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let base = listen(router).await;
     let s = Served {
         base,
         store,

@@ -116,11 +116,7 @@ async fn serve_with(queue: MemoryQueue, publisher: Arc<dyn QueuePort>) -> Served
         .tenants(Arc::new(directory()))
         .replay_rate(1_000)
         .router();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let base = listen(router).await;
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(10))
@@ -192,6 +188,16 @@ impl Served {
             .expect("the letter")
             .status
     }
+}
+
+/// Serves `router` on a free local port; returns its base URL.
+async fn listen(router: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    base
 }
 
 fn csrf_of(page: &str) -> String {
@@ -510,11 +516,7 @@ async fn the_overview_reads_two_thousand_queues_at_once_busiest_first_a_page_at_
     let router = Console::new(Arc::new(store.clone()), Arc::new(queue.clone()), tokens)
         .depth(Arc::new(queue), vec![])
         .router();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let base = listen(router).await;
     let s = Served {
         base,
         store,
