@@ -189,10 +189,11 @@ pub trait ProcessedJobs: Send + Sync {
     /// Empties at once every slice of the table whose claims are all older than `older_than`
     /// but a few (kept, with those of pending dead letters), for a store that keeps its claims
     /// in slices (PostgreSQL, ADR 0014): a cost that does not grow with the table. Returns how
-    /// many rows went; what it leaves goes through [`ProcessedJobs::purge_processed`]. Safe
-    /// beside an open work transaction of the same store: it waits for a slice's lock only
-    /// briefly and leaves a slice in use for a later run. The default, for a store without
-    /// slices, removes nothing.
+    /// many rows went, which such a store may take from its statistics rather than count (a
+    /// count would read the slice); what it leaves goes through
+    /// [`ProcessedJobs::purge_processed`]. Safe beside an open work transaction of the same
+    /// store: it waits for a slice's lock only briefly and leaves a slice in use for a later
+    /// run. The default, for a store without slices, removes nothing.
     async fn purge_expired_slices(&self, older_than: SystemTime) -> Result<u64, StoreError> {
         let _ = older_than;
         Ok(0)

@@ -57,6 +57,41 @@ async fn redelivered(store: &PgStore, job: JobId, consumer: &ConsumerName) -> Cl
     claim
 }
 
+/// Has every connection of the store's pool send its pending statistics now (a backend sends
+/// its row counts at most once a second otherwise), and waits until they count every claim,
+/// so that the figure the cleanup reports for an emptied slice, read from them, counts every
+/// claim written before. A backend sends them just before it says it is ready for the next
+/// query, which a client may not have waited for: hence the wait.
+async fn flush_statistics(store: &PgStore) {
+    let pool = store.pool();
+    let mut held = Vec::new();
+    for _ in 0..pool.size() {
+        let mut conn = pool.acquire().await.expect("a connection");
+        sqlx::query("select pg_stat_force_next_flush()")
+            .execute(&mut *conn)
+            .await
+            .expect("flush the statistics");
+        held.push(conn);
+    }
+    drop(held);
+    for _ in 0..200 {
+        let (counted, live): (i64, i64) = sqlx::query_as(
+            "select (select count(*) from core.processed_jobs), \
+                    (select coalesce(sum(pg_stat_get_live_tuples(c.oid)), 0)::bigint \
+                     from pg_inherits i join pg_class c on c.oid = i.inhrelid \
+                     where i.inhparent = 'core.processed_jobs'::regclass)",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("count the claims");
+        if counted == live {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the statistics never counted every claim");
+}
+
 /// The name of the table of the slice `job` belongs to.
 async fn slice_table(store: &PgStore, job: JobId) -> String {
     sqlx::query_scalar(
@@ -187,6 +222,7 @@ async fn the_cleanup_empties_expired_slices_keeping_fresh_and_pending_claims() {
         let today = id_at(now, 1);
         claim_at(&store, today, &c, now).await;
 
+        flush_statistics(&store).await;
         let gone = store
             .purge_expired_slices(now - TTL)
             .await
@@ -377,6 +413,7 @@ async fn a_slice_keeping_more_than_ten_thousand_claims_is_left_whole_to_the_batc
         let expired_b = claims_by_sql(&store, &c, day_b, 0, 5, day_b).await;
         let kept_b = claims_by_sql(&store, &c, day_b, 5, 10_001, now).await;
 
+        flush_statistics(&store).await;
         let gone = store
             .purge_expired_slices(now - TTL)
             .await
