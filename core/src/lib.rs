@@ -24,6 +24,7 @@
 
 mod alert;
 mod clock;
+mod depth;
 mod email;
 mod envelope;
 mod error;
@@ -41,6 +42,9 @@ pub use alert::MockAlerter;
 pub use alert::{Alert, AlertError, Alerter};
 pub use clock::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "mock")]
+pub use depth::MockQueueDepth;
+pub use depth::{Depth, DepthCounts, QueueDepth};
+#[cfg(feature = "mock")]
 pub use email::MockEmailProvider;
 pub use email::{Email, EmailError, EmailProvider};
 pub use envelope::{
@@ -54,12 +58,12 @@ pub use name::{
     QueueName,
 };
 pub use queue::{
-    ConsumerPort, Delivery, Depth, Lease, LeaseLimits, MAX_WAIT, PublishOptions, PullPort,
-    QueueDepth, QueueError, QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement,
-    TenantFairness, TenantWeights, Unsupported, later,
+    ConsumerPort, Delivery, Lease, LeaseLimits, MAX_WAIT, PublishOptions, PullPort, QueueError,
+    QueuePort, Receipt, SettleInTransaction, SettlePort, Settlement, TenantFairness, TenantWeights,
+    Unsupported, later,
 };
 #[cfg(feature = "mock")]
-pub use queue::{MockPullPort, MockQueueDepth, MockQueuePort, MockSettlePort, MockTenantWeights};
+pub use queue::{MockPullPort, MockQueuePort, MockSettlePort, MockTenantWeights};
 #[cfg(feature = "mock")]
 pub use rate::MockRateLimiter;
 pub use rate::{Acquired, Bucket, BucketKey, RateLimitError, RateLimiter};

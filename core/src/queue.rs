@@ -2,8 +2,8 @@
 //!
 //! Both sides are small object-safe traits so that crates hold `Arc<dyn QueuePort>` and the
 //! composition root alone decides which transport is behind it. Optional capabilities (queue
-//! depth) are traits of their own: a transport that cannot report depth simply does not
-//! implement [`QueueDepth`].
+//! depth) are traits of their own: a transport that cannot report depth
+//! simply does not implement [`QueueDepth`](crate::QueueDepth).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -589,72 +589,6 @@ impl Unsupported {
         Unsupported {
             reason: reason.into(),
         }
-    }
-}
-
-/// How many messages a queue holds, for priority decisions and operators.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Depth {
-    /// Ready for delivery now.
-    pub ready: u64,
-    /// Waiting for their delay or retry time.
-    pub delayed: u64,
-    /// Leased to a worker and not yet settled.
-    pub in_flight: u64,
-}
-
-impl Depth {
-    /// A depth, for transports to report.
-    pub fn new(ready: u64, delayed: u64, in_flight: u64) -> Self {
-        Depth {
-            ready,
-            delayed,
-            in_flight,
-        }
-    }
-
-    /// Work waiting now or under way: `ready + in_flight`.
-    pub fn pending(&self) -> u64 {
-        self.ready + self.in_flight
-    }
-
-    /// Every message not yet acked.
-    pub fn total(&self) -> u64 {
-        self.ready + self.delayed + self.in_flight
-    }
-}
-
-/// The capability of reporting queue depth, for the transports whose engine knows it.
-#[cfg_attr(feature = "mock", mockall::automock)]
-#[async_trait]
-pub trait QueueDepth: Send + Sync {
-    /// The depth of `queue` now (zero for a queue never used).
-    async fn depth(&self, queue: &QueueName) -> Result<Depth, QueueError>;
-
-    /// The queues that hold messages now, for an operator's overview; `None` when the
-    /// transport cannot list them (the default).
-    async fn queues(&self) -> Result<Option<Vec<QueueName>>, QueueError> {
-        Ok(None)
-    }
-
-    /// The depth of every queue [`QueueDepth::queues`] lists and of each of `also`, by name:
-    /// what an overview shows. A transport that can read them all at once overrides it (the
-    /// PostgreSQL queue: one statement, however many queues); the default asks `queues`, then
-    /// `depth` of each.
-    async fn depths(&self, also: &[QueueName]) -> Result<Vec<(QueueName, Depth)>, QueueError> {
-        let mut names = also.to_vec();
-        if let Some(listed) = self.queues().await? {
-            names.extend(listed);
-        }
-        names.sort();
-        names.dedup();
-        let mut out = Vec::with_capacity(names.len());
-        for name in names {
-            let depth = self.depth(&name).await?;
-            out.push((name, depth));
-        }
-        Ok(out)
     }
 }
 

@@ -134,6 +134,11 @@ pub(crate) enum Command {
     DeadLetters(DeadLetterCommand),
     /// Depth per queue (ready, delayed, in flight) from the configured transport.
     ///
+    /// "waited" is how long the queue's oldest ready job has waited (0s when none is ready):
+    /// the latency a deployment scales on. A figure the transport cannot tell shows as "-"
+    /// (null in JSON): QStash reports ready jobs only, Redis-counted depth no in-flight ones,
+    /// and only the memory and PostgreSQL queues date their jobs.
+    ///
     /// In flight counts every leased job: those whose handler runs, and those a worker has
     /// fetched ahead and not started. Per job a worker leases at most its concurrency; grouped,
     /// its running groups (each up to 64 jobs) and up to two groups more, so a grouped worker at

@@ -152,7 +152,8 @@ pub(crate) async fn show(
     Ok(())
 }
 
-/// Prints the depth of each queue in `names`.
+/// Prints the depth of each queue in `names`, and how long its oldest ready job has waited:
+/// `-` in the table, `null` in JSON, for what the transport cannot tell.
 pub(crate) async fn queues(
     queue: &Queue,
     names: &[QueueName],
@@ -165,33 +166,37 @@ pub(crate) async fn queues(
     if !as_json {
         writeln!(
             out,
-            "{:<32} {:>8} {:>8} {:>9} {:>8}",
-            "queue", "ready", "delayed", "in flight", "total"
+            "{:<32} {:>8} {:>8} {:>9} {:>8} {:>9}",
+            "queue", "ready", "delayed", "in flight", "total", "waited"
         )?;
     }
+    let cell = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
     for name in names {
         let d = depth
             .depth(name)
             .await
             .with_context(|| format!("reading the depth of {name}"))?;
+        let waited = d.waited(SystemTime::now());
         if as_json {
             let line = json!({
                 "queue": name.as_str(),
                 "ready": d.ready,
-                "delayed": d.delayed,
-                "in_flight": d.in_flight,
+                "delayed": d.delayed_known(),
+                "in_flight": d.in_flight_known(),
                 "total": d.total(),
+                "oldest_ready_seconds": waited.map(|w| w.as_secs_f64()),
             });
             writeln!(out, "{line}")?;
         } else {
             writeln!(
                 out,
-                "{:<32} {:>8} {:>8} {:>9} {:>8}",
+                "{:<32} {:>8} {:>8} {:>9} {:>8} {:>9}",
                 name.as_str(),
                 d.ready,
-                d.delayed,
-                d.in_flight,
-                d.total()
+                cell(d.delayed_known()),
+                cell(d.in_flight_known()),
+                d.total(),
+                waited.map_or_else(|| "-".to_owned(), |w| format!("{}s", w.as_secs())),
             )?;
         }
     }

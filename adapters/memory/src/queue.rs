@@ -648,7 +648,8 @@ impl TenantWeights for MemoryQueue {
     }
 }
 
-/// A message held in a work transaction counts as in flight, whatever its lease.
+/// A message held in a work transaction counts as in flight, whatever its lease; one whose
+/// lease expired is ready since the lease's end.
 #[async_trait]
 impl QueueDepth for MemoryQueue {
     async fn depth(&self, name: &QueueName) -> Result<Depth, QueueError> {
@@ -658,18 +659,20 @@ impl QueueDepth for MemoryQueue {
             return Ok(Depth::default());
         };
         let (mut ready, mut delayed, mut in_flight) = (0, 0, 0);
+        let mut oldest: Option<SystemTime> = None;
         for message in queue.messages.values() {
             if message.held {
                 in_flight += 1;
             } else if message.visible_at <= now {
                 ready += 1;
+                oldest = Some(oldest.map_or(message.visible_at, |o| o.min(message.visible_at)));
             } else if message.leased {
                 in_flight += 1;
             } else {
                 delayed += 1;
             }
         }
-        Ok(Depth::new(ready, delayed, in_flight))
+        Ok(Depth::new(ready, delayed, in_flight).oldest_ready_at(oldest))
     }
 
     async fn queues(&self) -> Result<Option<Vec<QueueName>>, QueueError> {

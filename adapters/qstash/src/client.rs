@@ -644,7 +644,7 @@ impl QueueDepth for QStashQueue {
         let retry_after = retry_after(response.headers());
         let text = response.text().await.map_err(|e| unavailable(queue, e))?;
         if status == StatusCode::NOT_FOUND {
-            return Ok(Depth::default());
+            return Ok(Depth::ready_only(0));
         }
         if !status.is_success() {
             return Err(status_error(queue, status, retry_after, &text));
@@ -655,7 +655,7 @@ impl QueueDepth for QStashQueue {
             source: Some(Box::new(e)),
         })?;
         let lag = body.get("lag").and_then(Value::as_u64).unwrap_or(0);
-        Ok(Depth::new(lag, 0, 0))
+        Ok(Depth::ready_only(lag))
     }
 }
 

@@ -252,7 +252,7 @@ impl QueueDepth for CountedQueue {
                     source: None,
                 })?;
         match counts[..] {
-            [ready, delayed] => Ok(Depth::new(ready, delayed, 0)),
+            [ready, delayed] => Ok(Depth::in_flight_as_ready(ready, delayed)),
             _ => Err(QueueError::Unavailable {
                 queue: queue.clone(),
                 message: format!("the depth script answered {counts:?}"),

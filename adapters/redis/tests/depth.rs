@@ -133,7 +133,10 @@ async fn depth_follows_publishes_and_acks_and_counts_a_job_once() {
         )
         .await
         .unwrap();
-    assert_eq!(counted.depth(&q).await.unwrap(), Depth::new(3, 1, 0));
+    assert_eq!(
+        counted.depth(&q).await.unwrap(),
+        Depth::in_flight_as_ready(3, 1)
+    );
 
     let got = counted
         .receive(&q, 2, Duration::from_secs(30))

@@ -261,7 +261,7 @@ pub(crate) const JS: &str = r#"
       for (const q of queues) {
         const row = table.querySelector('tr[data-queue="' + CSS.escape(q.queue) + '"]');
         if (!row) continue;
-        for (const field of ['ready', 'delayed', 'in_flight']) {
+        for (const field of ['ready', 'delayed', 'in_flight', 'waited']) {
           const cell = row.querySelector('[data-field="' + field + '"]');
           if (cell) cell.textContent = q[field] === null ? '-' : String(q[field]);
         }

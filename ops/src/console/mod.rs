@@ -534,6 +534,12 @@ struct OverviewQuery {
     page: Option<String>,
 }
 
+/// How long `depth`'s oldest ready job has waited, in whole seconds; `None` when the transport
+/// does not tell.
+fn waited_secs(depth: jobs_core::Depth) -> Option<u64> {
+    depth.waited(SystemTime::now()).map(|w| w.as_secs())
+}
+
 async fn queues_json(State(console): Shared, headers: HeaderMap) -> Response {
     let Some(session) = console.gate.session(&headers) else {
         return StatusCode::UNAUTHORIZED.into_response();
@@ -548,8 +554,9 @@ async fn queues_json(State(console): Shared, headers: HeaderMap) -> Response {
             json!({
                 "queue": name.as_str(),
                 "ready": d.map(|d| d.ready),
-                "delayed": d.map(|d| d.delayed),
-                "in_flight": d.map(|d| d.in_flight),
+                "delayed": d.and_then(|d| d.delayed_known()),
+                "in_flight": d.and_then(|d| d.in_flight_known()),
+                "waited": d.and_then(waited_secs),
                 "history": console.history(&name),
             })
         })
@@ -647,14 +654,16 @@ async fn queues_table(console: &Console, at_page: usize) -> Markup {
         table #queues {
             tr {
                 th { "queue" } th { "ready" } th { "delayed" } th { "in flight" }
+                th title="How long the oldest ready job has waited" { "waited, s" }
                 th { "depth, last 10 minutes" }
             }
             @for (name, d) in rows.iter().skip(shown).take(QUEUES_PER_PAGE) {
                 tr data-queue=(name.as_str()) {
                     td { a href=(link("/letters", [("queue", Some(name.as_str()))])) { (name.as_str()) } }
                     td.n data-field="ready" { (cell(d.map(|d| d.ready))) }
-                    td.n data-field="delayed" { (cell(d.map(|d| d.delayed))) }
-                    td.n data-field="in_flight" { (cell(d.map(|d| d.in_flight))) }
+                    td.n data-field="delayed" { (cell(d.and_then(|d| d.delayed_known()))) }
+                    td.n data-field="in_flight" { (cell(d.and_then(|d| d.in_flight_known()))) }
+                    td.n data-field="waited" { (cell(d.and_then(waited_secs))) }
                     td {
                         svg.spark viewBox="0 0 100 30" preserveAspectRatio="none" {
                             polyline points=(html::spark(&console.history(name))) {}

@@ -57,6 +57,7 @@
 
 mod commands;
 mod endpoints;
+mod gauges;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod push;
@@ -483,10 +484,14 @@ where
             routes,
             server_stopped,
         ));
-        let standing: Vec<JoinHandle<()>> = loops
+        let mut standing: Vec<JoinHandle<()>> = loops
             .into_iter()
             .map(|start| tokio::spawn(start(stopped.clone())))
             .collect();
+        if let Some(depth) = transport.depth.clone() {
+            let queues = workers.iter().map(|w| w.queue().clone()).collect();
+            standing.push(tokio::spawn(gauges::sample(depth, queues, stopped.clone())));
+        }
         let mut running = Vec::with_capacity(workers.len());
         // A push transport's workers run from its routes; the others pull in a loop.
         for worker in workers.iter().filter(|w| w.pulls()) {

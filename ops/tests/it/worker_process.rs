@@ -159,6 +159,19 @@ async fn the_readme_worker_processes_its_jobs_once_answers_probes_and_stops_on_s
         ),
         "{metrics}"
     );
+    // The depth gauges, sampled beside the workers from the start: every state of the
+    // PostgreSQL queue, and the age of its oldest ready job.
+    let gauges = eventually("the depth gauges", async || {
+        let (_, metrics) = get(port, "/metrics").await?;
+        metrics
+            .contains(r#"jobs_queue_oldest_ready_seconds{queue="billing.invoices"}"#)
+            .then_some(metrics)
+    })
+    .await;
+    for state in ["ready", "delayed", "in_flight"] {
+        let series = format!(r#"jobs_queue_depth{{queue="billing.invoices",state="{state}"}}"#);
+        assert!(gauges.contains(&series), "{series}: {gauges}");
+    }
 
     let (exited, log) = terminate(child).await;
     assert!(exited.success(), "exit status {exited}: {log}");

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_core::{
-    ConsumerPort, DEFAULT_MAX_ENVELOPE_BYTES, Delivery, Depth, Envelope, JobId, PublishOptions,
-    QueueDepth, QueueError, QueueName, QueuePort, TenantFairness,
+    ConsumerPort, DEFAULT_MAX_ENVELOPE_BYTES, Delivery, Depth, DepthCounts, Envelope, JobId,
+    PublishOptions, QueueDepth, QueueError, QueueName, QueuePort, TenantFairness,
 };
 
 use crate::TimeTravel;
@@ -594,23 +594,29 @@ async fn check_depth(t: QueueUnderTest, by_state: bool) {
         0,
         "{check}: unknown queue must be empty"
     );
+    // Where the transport tells states apart it also dates the oldest ready message: how
+    // long it has waited at the transport's time, `None` where it cannot tell.
+    let waited = |d: Depth| d.waited(t.time.now());
+    let dated = |secs: u64| by_state.then_some(Duration::from_secs(secs));
+    let published = t.time.now();
     for n in 0..3 {
         publish(&t, &q, &fixtures::envelope(1, n), PublishOptions::default()).await;
     }
     let delay = PublishOptions::default().delay(Duration::from_secs(60));
     publish(&t, &q, &fixtures::envelope(1, 9), delay).await;
-    assert_eq!(
-        seen(read().await),
-        expect(3, 1, 0),
-        "{check}: after publish"
-    );
+    let d = read().await;
+    assert_eq!(seen(d), expect(3, 1, 0), "{check}: after publish");
+    if by_state {
+        assert_eq!(d.counts, DepthCounts::Apart, "{check}: counted apart");
+        assert_eq!(d.oldest_ready, Some(published), "{check}: oldest ready");
+    }
+    t.time.advance(Duration::from_secs(5)).await;
+    assert_eq!(waited(read().await), dated(5), "{check}: waited after 5 s");
     let got = receive(&t, &q, 1).await;
     assert_eq!(got.len(), 1, "{check}: one delivery");
-    assert_eq!(
-        seen(read().await),
-        expect(2, 1, 1),
-        "{check}: after receive"
-    );
+    let d = read().await;
+    assert_eq!(seen(d), expect(2, 1, 1), "{check}: after receive");
+    assert_eq!(waited(d), dated(5), "{check}: the two left still wait");
     t.consumer
         .ack(&got[0].lease)
         .await
@@ -620,4 +626,11 @@ async fn check_depth(t: QueueUnderTest, by_state: bool) {
     if by_state {
         assert_eq!(d.pending(), 2, "{check}: pending after ack");
     }
+    let rest = receive(&t, &q, 2).await;
+    assert_eq!(rest.len(), 2, "{check}: the rest delivered");
+    assert_eq!(
+        waited(read().await),
+        dated(0),
+        "{check}: nothing ready waits"
+    );
 }
