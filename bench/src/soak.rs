@@ -338,16 +338,19 @@ async fn drive(
         "{published} jobs published, {distinct} done, {rows} effects: lost or doubled"
     );
 
-    // Dead tuples as the statistics see them, and the tables' sizes, before the snapshot ends.
+    // Dead tuples as the statistics see them, and the tables' sizes, before the snapshot ends;
+    // `core.processed_jobs` is the sum of its slices (the partitioned parent holds nothing).
     sqlx::query("select pg_sleep(1)").execute(&pool).await?;
     let (dead_jobs, dead_processed, jobs_bytes, processed_bytes): (i64, i64, i64, i64) =
         sqlx::query_as(
             "select (select n_dead_tup from pg_stat_user_tables \
                      where schemaname = 'core' and relname = 'jobs'), \
-                    (select n_dead_tup from pg_stat_user_tables \
-                     where schemaname = 'core' and relname = 'processed_jobs'), \
+                    (select coalesce(sum(s.n_dead_tup), 0)::bigint \
+                     from pg_stat_user_tables s join pg_inherits i on i.inhrelid = s.relid \
+                     where i.inhparent = 'core.processed_jobs'::regclass), \
                     pg_total_relation_size('core.jobs'), \
-                    pg_total_relation_size('core.processed_jobs')",
+                    (select coalesce(sum(pg_total_relation_size(i.inhrelid)), 0)::bigint \
+                     from pg_inherits i where i.inhparent = 'core.processed_jobs'::regclass)",
         )
         .fetch_one(&pool)
         .await?;
