@@ -199,15 +199,19 @@ fn queues_reports_depth_per_named_queue_as_a_table_or_json() {
     let names: Vec<&str> = lines.iter().filter_map(|l| l["queue"].as_str()).collect();
     assert_eq!(names, ["billing.invoices", "notify.email"]);
     assert!(
-        lines.iter().all(|l| l["total"] == 0),
-        "a fresh in-process queue is empty"
+        lines
+            .iter()
+            .all(|l| l["total"] == 0 && l["in_flight"] == 0 && l["oldest_ready_seconds"] == 0.0),
+        "a fresh in-process queue is empty, every state counted, nothing waiting: {lines:?}"
     );
 
     let table = jobsctl(&["queues"]);
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(table.status.success(), "{table:?}");
     assert!(
-        text.lines().next().is_some_and(|h| h.contains("in flight"))
+        text.lines()
+            .next()
+            .is_some_and(|h| h.contains("in flight") && h.contains("waited"))
             && text.contains("core.processed_jobs_cleanup"),
         "without names, the standard tasks' queues: {text}"
     );
