@@ -145,7 +145,7 @@ const GROUPS: &[Group] = &[
         name: "postgres-grouped",
         package: "jobs-adapter-postgres",
         files: &[
-            "adapters/postgres/src/queue.rs",
+            "adapters/postgres/src/queue/**",
             "adapters/postgres/src/tx.rs",
         ],
         only: Some(

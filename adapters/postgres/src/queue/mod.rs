@@ -1,41 +1,30 @@
 //! The PostgreSQL queue (feature `queue`, ADR 0011): `core.jobs`, fetched in batches with
 //! `FOR UPDATE SKIP LOCKED`, leased with a fencing token, deleted on ack.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use jobs_core::{
-    Claim, Clock, ConsumerName, DecodeLimits, Delivery, Depth, Envelope, JobId, Lease,
-    PublishOptions, PullPort, QueueDepth, QueueError, QueueName, QueuePort, Receipt,
-    SettleInTransaction, SettlePort, Settlement, StoreError, SystemClock, TenantFairness, TenantId,
+    Clock, DecodeLimits, Delivery, Envelope, JobId, Lease, PublishOptions, PullPort, QueueError,
+    QueueName, QueuePort, Receipt, SettlePort, SystemClock, TenantFairness, TenantId,
     TenantWeights, later,
 };
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgListener, PgRow};
 use sqlx::types::Uuid;
-use sqlx::{PgConnection, PgPool, Postgres, Row};
-use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::convert::{from_timestamp, to_timestamp};
-use crate::error::store_error;
 use crate::fair::{self, Fetch, Lanes};
 use crate::mark::Marks;
 use crate::oversized;
-use crate::processed::{PerSlice, common_slot};
 use crate::rows::{Batch, Fetched, Leased, parse_token, queue_error, timestamp};
-use crate::tx::Taken;
-use crate::{PgStore, PgWorkTx};
 
-/// The channel `core.jobs`' insert trigger notifies, with the queue name as payload.
-pub(crate) const CHANNEL: &str = "core_jobs";
-
-/// The queue on PostgreSQL: [`QueuePort`], [`PullPort`], [`SettlePort`] and [`QueueDepth`] over
+/// The queue on PostgreSQL: [`QueuePort`], [`PullPort`], [`SettlePort`] and [`QueueDepth`](jobs_core::QueueDepth) over
 /// `core.jobs`; clones share the pool.
 ///
 /// Every statement takes "now" from the queue's [`Clock`] (the system clock unless
@@ -98,6 +87,24 @@ macro_rules! lane {
         )
     };
 }
+
+/// The guard of every settlement: this delivery's generation, leased, lease not expired.
+macro_rules! fenced {
+    ($head:literal) => {
+        concat!(
+            $head,
+            " where id = $1 and lease_gen = $2 and leased and visible_at > $3"
+        )
+    };
+}
+
+// After the SQL macros, which the statements of the submodules share.
+mod depth;
+mod grouped;
+mod wakeups;
+
+use wakeups::Hub;
+pub use wakeups::{Wake, Wakeups};
 
 /// One job of a batch publish.
 #[derive(Debug, Clone)]
@@ -334,10 +341,7 @@ impl PgQueue {
 
     /// A listener for the queue's wake-ups, on a connection of its own (made on first use).
     pub fn wakeups(&self) -> Wakeups {
-        Wakeups {
-            pool: self.pool.clone(),
-            listener: None,
-        }
+        Wakeups::new(self.pool.clone())
     }
 
     async fn settle(
@@ -407,16 +411,6 @@ pub const LEASE_STATEMENT: &str = "with async_commit as \
          coalesce(array_agg(oversized order by id), '{}') as oversized, \
          coalesce(array_agg(tenant_id order by id), '{}') as tenants \
      from leased";
-
-/// The guard of every settlement: this delivery's generation, leased, lease not expired.
-macro_rules! fenced {
-    ($head:literal) => {
-        concat!(
-            $head,
-            " where id = $1 and lease_gen = $2 and leased and visible_at > $3"
-        )
-    };
-}
 
 /// The error of a settlement whose lease no longer holds its row: settled already, expired
 /// and leased again, or a token that is not this queue's.
@@ -674,552 +668,5 @@ impl SettlePort for PgQueue {
             lease.token().to_owned(),
             until,
         ))
-    }
-}
-
-#[async_trait]
-impl SettleInTransaction<PgStore> for PgQueue {
-    /// The same pool: the queue built over `store.pool()` (or a clone of it). Two pools, even
-    /// on one database, are refused, since a worker's connections are then counted twice.
-    fn shares_transactions_with(&self, store: &PgStore) -> Result<(), jobs_core::Unsupported> {
-        if Arc::ptr_eq(
-            &self.pool.connect_options(),
-            &store.pool().connect_options(),
-        ) {
-            Ok(())
-        } else {
-            Err(jobs_core::Unsupported::new(
-                "the PgQueue and the PgStore have different pools: build the queue with \
-                 PgQueue::new(store.pool().clone())",
-            ))
-        }
-    }
-
-    /// Deletes, in `tx`, the rows whose generation is the lease's and still leased: another
-    /// receiver's `skip locked` passes them by until the transaction ends, and if it commits
-    /// they are acked without another statement; `settle` puts back those to retry or
-    /// defer.
-    async fn hold(&self, tx: &mut PgWorkTx, leases: &[&Lease]) -> Result<Vec<bool>, StoreError> {
-        let (ids, generations) = tokens(leases.iter().copied());
-        let taken: TakenRows = sqlx::query_as(HOLD.as_str())
-            .bind(&ids)
-            .bind(&generations)
-            .bind(Vec::<Uuid>::new())
-            .fetch_one(tx.own())
-            .await
-            .map_err(|e| store_error("take a group from core.jobs", e))?;
-        let held = keep_taken(tx, taken, &[]);
-        Ok(ids.iter().map(|id| held.contains(id)).collect())
-    }
-
-    /// One statement: the rows taken as [`hold`](Self::hold) takes them, and the jobs of those
-    /// taken claimed as [`claim_all`](jobs_core::GroupTransaction::claim_all) does, in job id
-    /// order.
-    async fn hold_and_claim(
-        &self,
-        tx: &mut PgWorkTx,
-        deliveries: &[(&Lease, JobId)],
-        consumer: &ConsumerName,
-        at: SystemTime,
-    ) -> Result<Vec<Option<Claim>>, StoreError> {
-        let (ids, generations) = tokens(deliveries.iter().map(|(lease, _)| *lease));
-        let job_ids: Vec<Uuid> = deliveries.iter().map(|(_, id)| id.as_uuid()).collect();
-        let (taken, claimed): (TakenRows, Vec<Uuid>) = {
-            let row = sqlx::query(HOLD_AND_CLAIM.get(common_slot(&job_ids)))
-                .bind(&ids)
-                .bind(&generations)
-                .bind(&job_ids)
-                .bind(consumer.as_str())
-                .bind(to_timestamp(at)?)
-                .fetch_one(tx.own())
-                .await
-                .map_err(|e| store_error("take and claim a group", e))?;
-            let corrupt = |e| store_error("read a taken group", e);
-            let taken = <TakenRows as sqlx::FromRow<'_, PgRow>>::from_row(&row).map_err(corrupt)?;
-            (taken, row.try_get("claimed").map_err(corrupt)?)
-        };
-        let jobs: Vec<(i64, JobId)> = ids
-            .iter()
-            .copied()
-            .zip(deliveries.iter().map(|(_, id)| *id))
-            .collect();
-        let held = keep_taken(tx, taken, &jobs);
-        let held_jobs: Vec<JobId> = deliveries
-            .iter()
-            .zip(&ids)
-            .filter(|(_, id)| held.contains(id))
-            .map(|((_, job_id), _)| *job_id)
-            .collect();
-        let mut claims = tx
-            .claims(&held_jobs, claimed.into_iter().collect(), consumer)
-            .await?
-            .into_iter();
-        Ok(ids
-            .iter()
-            .map(|id| {
-                if held.contains(id) {
-                    claims.next()
-                } else {
-                    None
-                }
-            })
-            .collect())
-    }
-
-    /// Acks cost nothing more (their rows went at [`hold`](Self::hold)); retries and
-    /// deferrals go back in one insert, under their id and generation, released to their time
-    /// (a deferral gives its attempt back).
-    async fn settle(
-        &self,
-        tx: &mut PgWorkTx,
-        settlements: &[(&Delivery, Settlement)],
-    ) -> Result<(), StoreError> {
-        let mut back = PutBack::default();
-        for (delivery, settlement) in settlements {
-            let Some((id, generation)) = parse_token(delivery.lease.token()) else {
-                return Err(StoreError::failed(
-                    "settled a delivery whose lease token is not this queue's",
-                ));
-            };
-            let Some(at) = tx.taken.iter().position(|taken| taken.id == id) else {
-                return Err(StoreError::failed(
-                    "settled a delivery this transaction did not take: a lease was not held",
-                ));
-            };
-            let taken = tx.taken.swap_remove(at);
-            let (at, deliveries) = match *settlement {
-                Settlement::Ack => continue,
-                Settlement::RetryAt(at) => (at, taken.deliveries),
-                Settlement::Defer(until) => (until, (taken.deliveries - 1).max(0)),
-                _ => {
-                    return Err(StoreError::failed(format!(
-                        "unknown settlement {settlement:?}"
-                    )));
-                }
-            };
-            back.ids.push(id);
-            back.generations.push(generation);
-            back.visible.push(to_timestamp(at)?);
-            back.deliveries.push(deliveries);
-            back.payloads.push(delivery.payload.as_slice());
-            back.queues.push(delivery.lease.queue().as_str());
-            let key = match (taken.dedup_key, taken.job_id) {
-                (Some(key), _) => key,
-                (None, Some(job_id)) => job_id.to_string(),
-                (None, None) => return Err(StoreError::failed("a taken row without its key")),
-            };
-            back.keys.push(key);
-            back.tenants.push(taken.tenant_id);
-            back.created.push(taken.created_at);
-            back.lanes.push(taken.lane);
-        }
-        if back.ids.is_empty() {
-            return Ok(());
-        }
-        let put: i64 = sqlx::query_scalar(
-            "with put as ( \
-                 insert into core.jobs (id, queue, dedup_key, payload, tenant_id, visible_at, \
-                     deliveries, lease_gen, leased, created_at, lane) overriding system value \
-                 select id, queue, dedup_key, payload, tenant_id, visible_at, deliveries, gen, \
-                     false, created_at, lane \
-                 from unnest($1::bigint[], $2::text[], $3::text[], $4::bytea[], $5::uuid[], \
-                     $6::timestamptz[], $7::int[], $8::bigint[], $9::timestamptz[], $10::uuid[]) \
-                     as u(id, queue, dedup_key, payload, tenant_id, visible_at, deliveries, gen, \
-                         created_at, lane) \
-                 returning 1) \
-             select count(*) from put",
-        )
-        .bind(&back.ids)
-        .bind(&back.queues)
-        .bind(&back.keys)
-        .bind(&back.payloads)
-        .bind(&back.tenants)
-        .bind(&back.visible)
-        .bind(&back.deliveries)
-        .bind(&back.generations)
-        .bind(&back.created)
-        .bind(&back.lanes)
-        .fetch_one(tx.own())
-        .await
-        .map_err(|e| store_error("put a group's retries back into core.jobs", e))?;
-        if usize::try_from(put).ok() == Some(back.ids.len()) {
-            Ok(())
-        } else {
-            Err(StoreError::failed(format!(
-                "put back {put} of {} messages",
-                back.ids.len()
-            )))
-        }
-    }
-}
-
-/// The fenced delete of a group's rows (`$1` ids, `$2` generations, `$3` their job ids when
-/// known), returning what putting one back takes besides its queue (the lease's) and payload
-/// (the delivery's): the dedup key only when it is not the job id's text, the default.
-const TAKE: &str = "delete from core.jobs j \
-     using unnest($1::bigint[], $2::bigint[], $3::uuid[]) as l(id, gen, job_id) \
-     where j.id = l.id and j.lease_gen = l.gen and j.leased \
-     returning j.id, nullif(j.dedup_key, l.job_id::text) as dedup_key, j.tenant_id, \
-         j.deliveries, j.created_at, j.lane";
-
-/// The taken rows as one row of arrays, in one order ([`TakenRows`]).
-const TAKEN_ARRAYS: &str = "coalesce(array_agg(id), '{}') as ids, \
-     coalesce(array_agg(dedup_key), '{}') as keys, \
-     coalesce(array_agg(tenant_id), '{}') as tenants, \
-     coalesce(array_agg(deliveries), '{}') as deliveries, \
-     coalesce(array_agg(created_at), '{}') as created, \
-     coalesce(array_agg(lane), '{}') as lanes";
-
-/// [`SettleInTransaction::hold`]'s statement.
-static HOLD: LazyLock<String> =
-    LazyLock::new(|| format!("with taken as ({TAKE}) select {TAKEN_ARRAYS} from taken"));
-
-/// [`SettleInTransaction::hold_and_claim`]'s statement: `$3` the job ids, `$4` the consumer,
-/// `$5` the time of the claims, which go into the jobs' slice when they share one (ADR 0014).
-static HOLD_AND_CLAIM: PerSlice = PerSlice::new(|table, slot| {
-    format!(
-        "with taken as ({TAKE}), \
-         claimed as ( \
-             insert into {table} (job_id, consumer, processed_at, slot) \
-             select distinct d.job_id, $4, $5, {} \
-             from unnest($1::bigint[], $3::uuid[]) as d(id, job_id) join taken using (id) \
-             order by d.job_id \
-             on conflict (job_id, consumer, slot) do nothing returning job_id) \
-         select t.*, c.claimed from (select {TAKEN_ARRAYS} from taken) as t, \
-             (select coalesce(array_agg(job_id), '{{}}') as claimed from claimed) as c",
-        slot("d.job_id")
-    )
-});
-
-/// The rows a group took, column by column ([`TAKEN_ARRAYS`]).
-#[derive(sqlx::FromRow)]
-struct TakenRows {
-    ids: Vec<i64>,
-    keys: Vec<Option<String>>,
-    tenants: Vec<Option<Uuid>>,
-    deliveries: Vec<i32>,
-    created: Vec<DateTime<Utc>>,
-    lanes: Vec<Option<Uuid>>,
-}
-
-/// Keeps the rows `taken` in `tx` until they are settled, with their job ids from `jobs` (row
-/// id, job id); returns their ids.
-fn keep_taken(tx: &mut PgWorkTx, taken: TakenRows, jobs: &[(i64, JobId)]) -> HashSet<i64> {
-    let TakenRows {
-        ids,
-        keys,
-        tenants,
-        deliveries,
-        created,
-        lanes,
-    } = taken;
-    let rows = keys
-        .into_iter()
-        .zip(tenants)
-        .zip(deliveries)
-        .zip(created)
-        .zip(lanes);
-    tx.taken.clear();
-    for (&id, ((((dedup_key, tenant_id), deliveries), created_at), lane)) in ids.iter().zip(rows) {
-        let job_id = jobs.iter().find(|(row, _)| *row == id).map(|(_, job)| *job);
-        tx.taken.push(Taken {
-            id,
-            dedup_key,
-            job_id,
-            tenant_id,
-            deliveries,
-            created_at,
-            lane,
-        });
-    }
-    ids.into_iter().collect()
-}
-
-/// The columns of the rows a group puts back.
-#[derive(Default)]
-struct PutBack<'a> {
-    ids: Vec<i64>,
-    generations: Vec<i64>,
-    visible: Vec<DateTime<Utc>>,
-    deliveries: Vec<i32>,
-    payloads: Vec<&'a [u8]>,
-    queues: Vec<&'a str>,
-    keys: Vec<String>,
-    tenants: Vec<Option<Uuid>>,
-    created: Vec<DateTime<Utc>>,
-    lanes: Vec<Option<Uuid>>,
-}
-
-/// The row ids and generations of `leases`; a token that does not parse (not this queue's)
-/// is row 0, which no row is (identities count from 1), so it holds nothing.
-fn tokens<'a>(leases: impl Iterator<Item = &'a Lease>) -> (Vec<i64>, Vec<i64>) {
-    leases
-        .map(|lease| parse_token(lease.token()).unwrap_or((0, 0)))
-        .unzip()
-}
-
-/// The columns of a depth over the rows of `core.jobs` a statement selects, at the time
-/// `$now` (SQL): the ready, delayed and in-flight counts, and the oldest ready row's
-/// `visible_at`.
-macro_rules! counted {
-    ($now:literal) => {
-        concat!(
-            "count(*) filter (where visible_at <= ",
-            $now,
-            "), count(*) filter (where not leased and visible_at > ",
-            $now,
-            "), count(*) filter (where leased and visible_at > ",
-            $now,
-            "), min(visible_at) filter (where visible_at <= ",
-            $now,
-            ")"
-        )
-    };
-}
-/// A row of [`counted!`].
-type Counted = (i64, i64, i64, Option<DateTime<Utc>>);
-
-/// The depth a row of [`counted!`] says.
-fn depth_of((ready, delayed, in_flight, oldest): Counted) -> Depth {
-    let n = |c: i64| u64::try_from(c).unwrap_or(0);
-    Depth::new(n(ready), n(delayed), n(in_flight))
-        .oldest_ready_at(oldest.and_then(|at| from_timestamp(at).ok()))
-}
-
-#[async_trait]
-impl QueueDepth for PgQueue {
-    /// A lease that expired counts as ready: the row is deliverable again, since its lease's
-    /// end, which is then its `visible_at` and so the oldest ready time.
-    async fn depth(&self, queue: &QueueName) -> Result<Depth, QueueError> {
-        let counted: Counted = sqlx::query_as(concat!(
-            "select ",
-            counted!("$2"),
-            " from core.jobs where queue = $1"
-        ))
-        .bind(queue.as_str())
-        .bind(timestamp(queue, self.clock.now())?)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| queue_error(queue, "count core.jobs", e))?;
-        Ok(depth_of(counted))
-    }
-
-    /// The queues with rows in `core.jobs`, by name.
-    async fn queues(&self) -> Result<Option<Vec<QueueName>>, QueueError> {
-        let any: QueueName = "core.jobs".parse().expect("a valid name");
-        let names: Vec<String> =
-            sqlx::query_scalar("select distinct queue from core.jobs order by 1")
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| queue_error(&any, "list the queues of core.jobs", e))?;
-        // A row of another program's naming is left out rather than failing the list.
-        Ok(Some(names.iter().filter_map(|n| n.parse().ok()).collect()))
-    }
-
-    /// One statement over `core.jobs`, grouped by queue, whatever the number of queues.
-    async fn depths(&self, also: &[QueueName]) -> Result<Vec<(QueueName, Depth)>, QueueError> {
-        let any: QueueName = "core.jobs".parse().expect("a valid name");
-        let rows: Vec<(String, i64, i64, i64, Option<DateTime<Utc>>)> = sqlx::query_as(concat!(
-            "select queue, ",
-            counted!("$1"),
-            " from core.jobs group by queue"
-        ))
-        .bind(timestamp(&any, self.clock.now())?)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| queue_error(&any, "count core.jobs by queue", e))?;
-        let mut depths: BTreeMap<QueueName, Depth> = (also.iter())
-            .map(|name| (name.clone(), Depth::new(0, 0, 0)))
-            .collect();
-        // A row of another program's naming is left out, as `queues` leaves it.
-        for (queue, ready, delayed, in_flight, oldest) in rows {
-            if let Ok(name) = queue.parse() {
-                depths.insert(name, depth_of((ready, delayed, in_flight, oldest)));
-            }
-        }
-        Ok(depths.into_iter().collect())
-    }
-}
-
-/// The LISTEN connection behind [`PullPort::wait_for_work`], shared by a queue's clones:
-/// a task forwards each notification to its queue's [`Notify`], which keeps one wake-up for
-/// the next waiter when nobody waits.
-struct Hub {
-    pool: PgPool,
-    state: Mutex<HubState>,
-}
-
-#[derive(Default)]
-struct HubState {
-    wakers: HashMap<String, Arc<Notify>>,
-    listener: Option<JoinHandle<()>>,
-}
-
-impl Hub {
-    fn new(pool: PgPool) -> Self {
-        Hub {
-            pool,
-            state: Mutex::default(),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
-        // Every mutation leaves the state consistent before it can panic.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The wake-up of `queue`, starting the listener task if it is not running (first use,
-    /// or its runtime ended).
-    fn waker(self: &Arc<Self>, queue: &str) -> Arc<Notify> {
-        let mut state = self.lock();
-        if state.listener.as_ref().is_none_or(JoinHandle::is_finished) {
-            let hub = Arc::downgrade(self);
-            state.listener = Some(tokio::spawn(listen(hub, self.pool.clone())));
-        }
-        state.wakers.entry(queue.to_owned()).or_default().clone()
-    }
-
-    /// Wakes every waiter on `queue` and keeps a wake-up for the next.
-    fn wake(&self, queue: &str) {
-        let waker = self
-            .lock()
-            .wakers
-            .entry(queue.to_owned())
-            .or_default()
-            .clone();
-        waker.notify_waiters();
-        waker.notify_one();
-    }
-
-    /// Wakes every queue: notifications may have been missed.
-    fn wake_all(&self) {
-        let wakers: Vec<Arc<Notify>> = self.lock().wakers.values().cloned().collect();
-        for waker in wakers {
-            waker.notify_waiters();
-            waker.notify_one();
-        }
-    }
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        if let Some(task) = self.lock().listener.take() {
-            task.abort();
-        }
-    }
-}
-
-/// The listener task: LISTEN on `core_jobs` and forward each notification, until the hub is
-/// dropped. Each (re)connection wakes every queue, because what was notified while it was
-/// not listening is lost; a failing connection is retried with a capped backoff, meanwhile
-/// waiters fall back on their polls.
-async fn listen(hub: Weak<Hub>, pool: PgPool) {
-    const BACKOFF: Duration = Duration::from_millis(100);
-    let mut backoff = BACKOFF;
-    loop {
-        let connected = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(CHANNEL).await?;
-            Ok::<_, sqlx::Error>(listener)
-        }
-        .await;
-        let mut listener = match connected {
-            Ok(listener) => listener,
-            Err(e) => {
-                tracing::warn!(error = %e, "LISTEN failed; workers poll until it is back");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-                continue;
-            }
-        };
-        backoff = BACKOFF;
-        let Some(live) = hub.upgrade() else { return };
-        live.wake_all();
-        drop(live);
-        loop {
-            match listener.try_recv().await {
-                Ok(Some(note)) => {
-                    let Some(live) = hub.upgrade() else { return };
-                    live.wake(note.payload());
-                }
-                // The connection dropped: reconnect, then wake every queue, since anything
-                // sent meanwhile is lost.
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the LISTEN connection failed; reconnecting");
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// How a [`Wakeups::wait`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
-    /// A job was inserted into the queue (and committed).
-    Notified,
-    /// The fallback elapsed first: poll anyway (delays and retries fall due without a
-    /// notification).
-    Polled,
-}
-
-/// LISTEN on `core_jobs` on a connection of its own, with polling as the fallback: a loop
-/// outside the runtime awaits [`Wakeups::wait`] when a
-/// batch came back empty. The runtime uses [`PullPort::wait_for_work`] instead.
-///
-/// Notifications that arrive between two waits are kept by the connection, so a job
-/// published just after an empty receive still wakes the next wait.
-pub struct Wakeups {
-    pool: PgPool,
-    listener: Option<PgListener>,
-}
-
-impl fmt::Debug for Wakeups {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Wakeups")
-            .field("listening", &self.listener.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Wakeups {
-    /// Starts listening now, so that notifications sent from here on are kept for the next
-    /// [`Wakeups::wait`]. Fails only if no connection can be made.
-    pub async fn listen(&mut self) -> Result<(), sqlx::Error> {
-        if self.listener.is_none() {
-            let mut listener = PgListener::connect_with(&self.pool).await?;
-            listener.listen(CHANNEL).await?;
-            self.listener = Some(listener);
-        }
-        Ok(())
-    }
-
-    /// Waits until a job is inserted into `queue` or `fallback` elapses. A broken listener
-    /// connection is reconnected on the next call; meanwhile the wait is a plain sleep.
-    pub async fn wait(&mut self, queue: &QueueName, fallback: Duration) -> Wake {
-        let deadline = tokio::time::Instant::now() + fallback;
-        loop {
-            if let Err(e) = self.listen().await {
-                tracing::warn!(error = %e, "LISTEN failed; polling");
-                tokio::time::sleep_until(deadline).await;
-                return Wake::Polled;
-            }
-            let Some(listener) = self.listener.as_mut() else {
-                return Wake::Polled;
-            };
-            match tokio::time::timeout_at(deadline, listener.try_recv()).await {
-                Err(_) => return Wake::Polled,
-                Ok(Ok(Some(note))) if note.payload() == queue.as_str() => return Wake::Notified,
-                Ok(Ok(Some(_))) => {}
-                // The connection dropped: notifications may be lost, so poll now.
-                Ok(Ok(None)) => return Wake::Polled,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "listener failed; reconnecting");
-                    self.listener = None;
-                    return Wake::Polled;
-                }
-            }
-        }
     }
 }
