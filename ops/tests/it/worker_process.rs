@@ -718,7 +718,16 @@ async fn a_stop_signal_turns_readyz_503_at_once_and_a_second_one_exits_at_once()
             .expect("kill runs")
     };
     assert!(signal().success());
+    let mut child = child;
     let not_ready = eventually("/readyz refusing", async || {
+        // A process gone already cannot answer: say how it ended rather than wait it out.
+        if let Ok(Some(status)) = child.0.try_wait() {
+            let mut log = String::new();
+            if let Some(mut stderr) = child.0.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
+            }
+            panic!("the process ended at the first signal ({status}): {log}");
+        }
         get(port, "/readyz")
             .await
             .filter(|(status, _)| *status == 503)
